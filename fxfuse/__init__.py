@@ -1,0 +1,1 @@
+from .errors import FxFuseError

@@ -1,0 +1,36 @@
+"""Loads fxfuse._C, whose import registers the C++ operators under torch.ops.fxfuse.
+
+A failed build or load is remembered and reported, with the fix, the first time an
+op is used, instead of surfacing later as "operator fxfuse::... does not exist".
+"""
+from __future__ import annotations
+
+from .errors import ExtensionNotLoadedError
+
+_load_error: BaseException | None = None
+try:
+    from . import _C  # noqa: F401  (import registers the ops)
+except Exception as exc:  # ImportError, or an undefined-symbol OSError from a stale build
+    _C = None
+    _load_error = exc
+
+
+def loaded() -> bool:
+    return _C is not None
+
+
+def require() -> None:
+    """Raise a clear error if the C++ extension is not available."""
+    if _C is None:
+        raise ExtensionNotLoadedError(
+            "fxfuse's C++ extension (fxfuse._C) failed to load: "
+            f"{type(_load_error).__name__}: {_load_error}. "
+            "Rebuild it with `pip install --no-build-isolation -e .` (or `make build`) "
+            "using the same torch you run with."
+        ) from _load_error
+
+
+def generic():
+    """The device-generic kernels, callable directly (used by the tests on CPU)."""
+    require()
+    return _C

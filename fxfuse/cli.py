@@ -1,0 +1,42 @@
+"""`fxfuse` command line: optimize, audit, verify, bench."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import FxFuseError
+
+COMMANDS = ("optimize", "audit", "verify", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fxfuse",
+        description="Memory-saving fused ops for PyTorch training, and a channels_last auditor.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"fxfuse.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"fxfuse.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except FxFuseError as exc:
+        print(f"fxfuse: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+// Shared declarations for the BatchNorm-apply + activation family of ops.
+//
+// Conventions used by every implementation (generic ATen and hand-written CPU):
+//  * "channels" is dim 1 of a 4-D input (N, C, H, W); statistics are per channel.
+//  * mean/var are the batch statistics (biased var) or the running statistics;
+//    invstd = 1 / sqrt(var + eps) is always recomputed from var, never stored.
+//  * statistic tensors use the op-math dtype: the input dtype for float/double,
+//    float32 for half/bfloat16.
+//  * outputs keep the input's memory format (contiguous or channels_last).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <string>
+#include <tuple>
+
+namespace fxfuse {
+
+enum class Act : int {
+  None = 0,
+  ReLU,
+  ReLU6,
+  LeakyReLU,  // act_param = negative_slope
+  GELU,       // erf form
+  GELUTanh,   // tanh approximation
+  SiLU,
+  Hardswish,
+};
+
+// Parses the activation name used in the op schemas ("none", "relu", "relu6",
+// "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish").
+Act parse_act(c10::string_view name);
+
+// dtype used for statistics of an input of dtype `t`.
+at::ScalarType stats_dtype(at::ScalarType t);
+
+// Memory format of a 4-D tensor that the kernels should produce.
+at::MemoryFormat suggested_format(const at::Tensor& t);
+
+// ---- device-generic implementations, built from ATen calls ----
+std::tuple<at::Tensor, at::Tensor> bn_stats_generic(const at::Tensor& input);
+
+at::Tensor bn_act_generic(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    double eps, c10::string_view act, double act_param);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_generic(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 3> output_mask);
+
+// ---- hand-written CPU kernels (cpu/bn_act_kernel.cpp) ----
+std::tuple<at::Tensor, at::Tensor> bn_stats_cpu(const at::Tensor& input);
+
+at::Tensor bn_act_cpu(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    double eps, c10::string_view act, double act_param);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 3> output_mask);
+
+}  // namespace fxfuse

@@ -1,0 +1,187 @@
+// Device-generic BatchNorm-apply + activation, written with ATen ops only.
+// Registered as CompositeExplicitAutograd, so it serves CUDA and every device
+// without a dedicated kernel; it is also the C++ reference for the CPU kernels.
+#include <torch/library.h>
+
+#include "../bn_act.h"
+#include "../dispatch.h"
+
+namespace fxfuse {
+
+Act parse_act(c10::string_view name) {
+  if (name == "none") return Act::None;
+  if (name == "relu") return Act::ReLU;
+  if (name == "relu6") return Act::ReLU6;
+  if (name == "leaky_relu") return Act::LeakyReLU;
+  if (name == "gelu") return Act::GELU;
+  if (name == "gelu_tanh") return Act::GELUTanh;
+  if (name == "silu") return Act::SiLU;
+  if (name == "hardswish") return Act::Hardswish;
+  TORCH_CHECK(
+      false, "fxfuse: unknown activation '", name,
+      "'; expected one of none, relu, relu6, leaky_relu, gelu, gelu_tanh, silu, hardswish");
+}
+
+at::ScalarType stats_dtype(at::ScalarType t) {
+  return at::isReducedFloatingType(t) ? at::kFloat : t;
+}
+
+at::MemoryFormat suggested_format(const at::Tensor& t) {
+  return t.suggest_memory_format();
+}
+
+namespace {
+
+void check_bn_input(const at::Tensor& input, const char* op) {
+  TORCH_CHECK(
+      input.dim() == 4, "fxfuse::", op, ": expected a 4-D (N, C, H, W) input, got ",
+      input.dim(), "-D");
+  TORCH_CHECK(
+      at::isFloatingType(input.scalar_type()), "fxfuse::", op,
+      ": expected a floating-point input, got ", input.scalar_type());
+}
+
+// View a per-channel vector as (1, C, 1, 1) for broadcasting.
+at::Tensor per_channel(const at::Tensor& v) { return v.view({1, -1, 1, 1}); }
+
+at::Tensor act_forward(const at::Tensor& z, Act act, double param) {
+  switch (act) {
+    case Act::None: return z;
+    case Act::ReLU: return at::relu(z);
+    case Act::ReLU6: return at::hardtanh(z, 0, 6);
+    case Act::LeakyReLU: return at::leaky_relu(z, param);
+    case Act::GELU: return at::gelu(z, "none");
+    case Act::GELUTanh: return at::gelu(z, "tanh");
+    case Act::SiLU: return at::silu(z);
+    case Act::Hardswish: return at::hardswish(z);
+  }
+  TORCH_INTERNAL_ASSERT(false);
+}
+
+at::Tensor act_backward(const at::Tensor& grad, const at::Tensor& z, Act act, double param) {
+  switch (act) {
+    case Act::None: return grad;
+    case Act::ReLU: return at::threshold_backward(grad, z, 0);
+    case Act::ReLU6: return at::hardtanh_backward(grad, z, 0, 6);
+    case Act::LeakyReLU: return at::leaky_relu_backward(grad, z, param, false);
+    case Act::GELU: return at::gelu_backward(grad, z, "none");
+    case Act::GELUTanh: return at::gelu_backward(grad, z, "tanh");
+    case Act::SiLU: return at::silu_backward(grad, z);
+    case Act::Hardswish: return at::hardswish_backward(grad, z);
+  }
+  TORCH_INTERNAL_ASSERT(false);
+}
+
+// Per-channel (scale, shift) such that bn(x) = x * scale + shift.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> scale_shift(
+    const at::Tensor& mean, const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, at::ScalarType sd) {
+  at::Tensor invstd = (var.to(sd) + eps).rsqrt();
+  at::Tensor scale = weight.has_value() && weight->defined() ? invstd * weight->to(sd) : invstd;
+  at::Tensor shift = -mean.to(sd) * scale;
+  if (bias.has_value() && bias->defined()) shift = shift + bias->to(sd);
+  return {invstd, scale, shift};
+}
+
+// Give `result` the layout at::empty_like(like) has, as the fake kernels promise.
+at::Tensor match_layout(const at::Tensor& result, const at::Tensor& like, at::ScalarType dtype) {
+  if (result.scalar_type() == dtype && result.strides() == like.strides()) return result;
+  at::Tensor out = at::empty_like(like, like.options().dtype(dtype));
+  out.copy_(result);
+  return out;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> bn_stats_generic(const at::Tensor& input) {
+  check_bn_input(input, "bn_stats");
+  auto sd = stats_dtype(input.scalar_type());
+  auto [var, mean] = at::var_mean(input.to(sd), {0, 2, 3}, /*correction=*/0, /*keepdim=*/false);
+  return {mean, var};
+}
+
+at::Tensor bn_act_generic(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    double eps, c10::string_view act, double act_param) {
+  check_bn_input(input, "bn_act");
+  Act a = parse_act(act);
+  auto sd = stats_dtype(input.scalar_type());
+  auto [invstd, scale, shift] = scale_shift(mean, var, weight, bias, eps, sd);
+  at::Tensor z = input.to(sd) * per_channel(scale) + per_channel(shift);
+  return match_layout(act_forward(z, a, act_param), input, input.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_generic(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 3> output_mask) {
+  check_bn_input(input, "bn_act_backward");
+  Act a = parse_act(act);
+  auto sd = stats_dtype(input.scalar_type());
+  auto [invstd, scale, shift] = scale_shift(mean, var, weight, bias, eps, sd);
+  at::Tensor x = input.to(sd);
+  at::Tensor g = grad_out.to(sd);
+  if (a != Act::None) g = act_backward(g, x * per_channel(scale) + per_channel(shift), a, act_param);
+
+  const bool need_sums = output_mask[1] || output_mask[2] || (output_mask[0] && batch_stats);
+  at::Tensor xhat, sum_g, sum_gx;
+  if (need_sums) {
+    xhat = (x - per_channel(mean.to(sd))) * per_channel(invstd);
+    sum_g = g.sum({0, 2, 3});
+    sum_gx = (g * xhat).sum({0, 2, 3});
+  }
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (output_mask[0]) {
+    at::Tensor gi;
+    if (batch_stats) {
+      const double m = static_cast<double>(input.numel() / input.size(1));
+      gi = (g - per_channel(sum_g / m) - xhat * per_channel(sum_gx / m)) * per_channel(scale);
+    } else {
+      gi = g * per_channel(scale);
+    }
+    grad_input = match_layout(gi, input, input.scalar_type());
+  }
+  const bool has_weight = weight.has_value() && weight->defined();
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (output_mask[1] && has_weight) grad_weight = sum_gx.to(weight->scalar_type());
+  if (output_mask[2] && has_bias) grad_bias = sum_g.to(bias->scalar_type());
+  return {grad_input, grad_weight, grad_bias};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool batch_stats, double eps,
+    c10::string_view act, double act_param) {
+  check_bn_input(input, "batch_norm_act");
+  at::Tensor mean, var;
+  if (batch_stats) {
+    std::tie(mean, var) = dispatch::bn_stats(input);
+  } else {
+    TORCH_CHECK(
+        running_mean.has_value() && running_mean->defined() && running_var.has_value() &&
+            running_var->defined(),
+        "fxfuse::batch_norm_act: running_mean and running_var must be defined when "
+        "batch_stats is false");
+    auto sd = stats_dtype(input.scalar_type());
+    mean = running_mean->to(sd, /*non_blocking=*/false, /*copy=*/true);
+    var = running_var->to(sd, /*non_blocking=*/false, /*copy=*/true);
+  }
+  at::Tensor out = dispatch::bn_act(input, mean, var, weight, bias, eps, act, act_param);
+  return {out, mean, var};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
+  m.impl("bn_stats", &bn_stats_generic);
+  m.impl("bn_act", &bn_act_generic);
+  m.impl("bn_act_backward", &bn_act_backward_generic);
+  m.impl("batch_norm_act", &batch_norm_act);
+}
+
+}  // namespace fxfuse

@@ -1,0 +1,82 @@
+// Conv2d -> BatchNorm2d (-> activation) that keeps only the conv input for
+// backward: the backward op recomputes the convolution, runs the fused
+// BN-apply+activation backward, then the convolution backward.
+// Built from ATen calls plus fxfuse's own ops, so it runs on every device and
+// picks the hand-written kernels where a device has them.
+#include <torch/library.h>
+
+#include "../bn_act.h"
+#include "../dispatch.h"
+
+namespace fxfuse {
+namespace {
+
+at::Tensor conv(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  return at::convolution(
+      input, weight, bias, stride, padding, dilation, /*transposed=*/false,
+      /*output_padding=*/{0, 0}, groups);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    bool batch_stats, double eps, c10::string_view act, double act_param) {
+  at::Tensor y = conv(input, weight, bias, stride, padding, dilation, groups);
+  TORCH_CHECK(y.dim() == 4, "fxfuse::conv_bn_act: expected a 4-D (N, C, H, W) input");
+  at::Tensor mean, var;
+  if (batch_stats) {
+    std::tie(mean, var) = dispatch::bn_stats(y);
+  } else {
+    TORCH_CHECK(
+        running_mean.has_value() && running_mean->defined() && running_var.has_value() &&
+            running_var->defined(),
+        "fxfuse::conv_bn_act: running_mean and running_var must be defined when batch_stats "
+        "is false");
+    auto sd = stats_dtype(y.scalar_type());
+    mean = running_mean->to(sd, /*non_blocking=*/false, /*copy=*/true);
+    var = running_var->to(sd, /*non_blocking=*/false, /*copy=*/true);
+  }
+  at::Tensor out = dispatch::bn_act(y, mean, var, bn_weight, bn_bias, eps, act, act_param);
+  return {out, mean, var};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, int64_t groups, const std::optional<at::Tensor>& bn_weight,
+    const std::optional<at::Tensor>& bn_bias, const at::Tensor& mean, const at::Tensor& var,
+    bool batch_stats, double eps, c10::string_view act, double act_param,
+    std::array<bool, 5> output_mask) {
+  const bool need_conv_grads = output_mask[0] || output_mask[1] || output_mask[2];
+  // Recompute the conv output: the one activation this op did not keep.
+  at::Tensor y = conv(input, weight, bias, stride, padding, dilation, groups);
+  auto [grad_y, grad_bn_weight, grad_bn_bias] = dispatch::bn_act_backward(
+      grad_out, y, mean, var, bn_weight, bn_bias, eps, act, act_param, batch_stats,
+      {need_conv_grads, output_mask[3], output_mask[4]});
+  y.reset();
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (need_conv_grads) {
+    const bool has_bias = bias.has_value() && bias->defined();
+    std::vector<int64_t> bias_sizes;
+    if (has_bias) bias_sizes = bias->sizes().vec();
+    std::tie(grad_input, grad_weight, grad_bias) = at::convolution_backward(
+        grad_y, input, weight,
+        has_bias ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
+        stride, padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups,
+        {output_mask[0], output_mask[1], output_mask[2] && has_bias});
+  }
+  return {grad_input, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
+  m.impl("conv_bn_act", &conv_bn_act);
+  m.impl("conv_bn_act_backward", &conv_bn_act_backward);
+}
+
+}  // namespace fxfuse

@@ -1,0 +1,57 @@
+// Every fxfuse operator schema, in one place. Kernels live next door:
+//   generic/*.cpp  device-generic implementations from ATen calls
+//                  (CompositeExplicitAutograd: CUDA and every other device),
+//   cpu/*.cpp      hand-written CPU kernels.
+// Autograd and fake (meta) kernels are registered from Python (fxfuse/ops/).
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include "bn_act.h"
+
+TORCH_LIBRARY(fxfuse, m) {
+  // Per-channel batch statistics of a 4-D tensor: (mean, biased var).
+  m.def("bn_stats(Tensor input) -> (Tensor mean, Tensor var)");
+  // act(batch_norm_apply(input)) with the given statistics.
+  m.def(
+      "bn_act(Tensor input, Tensor mean, Tensor var, Tensor? weight, Tensor? bias, "
+      "float eps, str act, float act_param) -> Tensor");
+  m.def(
+      "bn_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor var, "
+      "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
+      "bool batch_stats, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // BatchNorm2d(+activation) that keeps only its input for backward.
+  m.def(
+      "batch_norm_act(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, "
+      "Tensor? running_var, bool batch_stats, float eps, str act, float act_param) "
+      "-> (Tensor out, Tensor mean, Tensor var)");
+  // Conv2d -> BatchNorm2d (-> activation) that keeps only the conv input.
+  m.def(
+      "conv_bn_act(Tensor input, Tensor weight, Tensor? bias, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, "
+      "Tensor? running_mean, Tensor? running_var, bool batch_stats, float eps, str act, "
+      "float act_param) -> (Tensor out, Tensor mean, Tensor var)");
+  m.def(
+      "conv_bn_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "int[2] stride, int[2] padding, int[2] dilation, int groups, Tensor? bn_weight, "
+      "Tensor? bn_bias, Tensor mean, Tensor var, bool batch_stats, float eps, str act, "
+      "float act_param, bool[5] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias, "
+      "Tensor grad_bn_weight, Tensor grad_bn_bias)");
+}
+
+// The device-generic kernels are also exposed directly so that the tests can
+// run them on CPU, where the dispatcher would pick the hand-written kernels.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fxfuse C++ operators (loaded for their torch.library registrations)";
+  m.def("generic_bn_stats", &fxfuse::bn_stats_generic);
+  m.def("generic_bn_act", &fxfuse::bn_act_generic);
+  m.def(
+      "generic_bn_act_backward",
+      [](const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+         const at::Tensor& var, const std::optional<at::Tensor>& weight,
+         const std::optional<at::Tensor>& bias, double eps, const std::string& act,
+         double act_param, bool batch_stats, std::array<bool, 3> mask) {
+        return fxfuse::bn_act_backward_generic(
+            grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask);
+      });
+}

@@ -1,0 +1,38 @@
+"""Builds fxfuse._C, the C++ operator library. Everything else lives in pyproject.toml.
+
+Environment:
+  FXFUSE_CUDA=1   also compile the CUDA registration with nvcc (compile-only where no GPU)
+  FXFUSE_DEBUG=1  build without optimisation, with debug symbols
+"""
+import glob
+import os
+
+from setuptools import setup
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join("fxfuse", "csrc")
+
+
+def sources(pattern):
+    return sorted(glob.glob(os.path.join(CSRC, pattern), recursive=True))
+
+
+def extension():
+    debug = os.environ.get("FXFUSE_DEBUG") == "1"
+    cxx = ["-O0", "-g"] if debug else ["-O3"]
+    cxx += ["-fopenmp", "-Wno-unused-function"]
+    srcs = sources("*.cpp") + sources("generic/*.cpp") + sources("cpu/*.cpp")
+    if os.environ.get("FXFUSE_CUDA") == "1":
+        return CUDAExtension(
+            "fxfuse._C",
+            srcs + sources("cuda/*.cu"),
+            define_macros=[("FXFUSE_WITH_CUDA", "1")],
+            extra_compile_args={"cxx": cxx, "nvcc": ["-O3"]},
+            extra_link_args=["-fopenmp"],
+        )
+    return CppExtension("fxfuse._C", srcs, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
+
+
+setup(ext_modules=[extension()], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})
