@@ -1,0 +1,246 @@
+"""fxfuse.optimize / fxfuse.explain: trace, find patterns, rewrite, install.
+
+The optimized model is the user's own module object: its class is swapped for a
+generated subclass whose `forward` runs the rewritten graph, and the graph looks
+up every parameter, buffer and submodule on the live module at call time. So
+state_dict keys, parameter order, optimizers, custom methods and train()/eval()
+overrides are untouched.
+
+FX bakes `self.training` reads into the graph, so the optimized forward keys its
+compiled graphs on the `training` flags of the modules it traced through and
+traces again when they change (e.g. after `.eval()`).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from . import _extension, shapes, tracing
+from .errors import ConfigurationError, TracingError
+from .passes import MODES, PassContext, run_passes
+from .report import FusedSite, FusionReport, SkippedSite
+
+_STATE = "_fxfuse_state"
+
+
+@dataclass
+class Options:
+    mode: str = "memory"
+    allowed: Optional[frozenset] = None  # sites a policy selected (None: all)
+
+
+@dataclass
+class _State:
+    """What an optimized module carries (in its __dict__, outside the module tree)."""
+    options: Options
+    key_modules: list[nn.Module]
+    graphs: dict[tuple, Callable] = field(default_factory=dict)
+    reports: dict[tuple, FusionReport] = field(default_factory=dict)
+
+
+def _key(state: _State) -> tuple:
+    return tuple(m.training for m in state.key_modules)
+
+
+def _fused_forward(self, *args, **kwargs):
+    state: _State = self.__dict__[_STATE]
+    fn = state.graphs.get(_key(state))
+    if fn is None:
+        fn = _build(self, state, example_inputs=None)
+    return fn(self, *args, **kwargs)
+
+
+def _reduce_ex(self, protocol):
+    # Generated classes and compiled graphs do not pickle: pickle (and deepcopy) the
+    # module as its original class, and optimize it again when it is loaded.
+    plain = type(self)._fxfuse_original_class.__new__(type(self)._fxfuse_original_class)
+    plain.__dict__.update({k: v for k, v in self.__dict__.items() if k != _STATE})
+    return _rebuild, (plain, self.__dict__[_STATE].options)
+
+
+def _rebuild(plain: nn.Module, options: Options) -> nn.Module:
+    _install(plain, options)
+    return plain
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(cls.__name__, (cls,), {
+            "forward": _fused_forward,
+            "__reduce_ex__": _reduce_ex,
+            "_fxfuse_original_class": cls,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+        })
+    return _CLASSES[cls]
+
+
+def is_optimized(module: nn.Module) -> bool:
+    return _STATE in module.__dict__
+
+
+def _uninstall(module: nn.Module) -> None:
+    for m in module.modules():
+        if is_optimized(m):
+            del m.__dict__[_STATE]
+            m.__class__ = type(m)._fxfuse_original_class
+    module.__dict__.pop("fxfuse_report", None)
+
+
+def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]]) -> Callable:
+    """Trace `root` with its current training flags, rewrite, compile and cache the graph."""
+    traced = tracing.trace(root, forward_class=getattr(type(root), "_fxfuse_original_class", None))
+    modules = dict(root.named_modules())
+    for path in traced.traced_modules:
+        if all(modules[path] is not m for m in state.key_modules):
+            state.key_modules.append(modules[path])
+            state.graphs.clear()
+    report = FusionReport(state.options.mode)
+    for path, reason in traced.leaf_failures.items():
+        report.notes.append(f"{path or type(root).__name__}: not traceable ({reason}); kept as a leaf")
+    shape_map = {}
+    if example_inputs is not None:
+        try:
+            shape_map = shapes.propagate(root, traced.graph, example_inputs)
+        except Exception as exc:  # noqa: BLE001 - estimates are optional
+            report.notes.append(f"could not propagate shapes from the example inputs: {type(exc).__name__}: {exc}")
+    ctx = PassContext(traced.graph, root, state.options.mode, report, shape_map,
+                      set(state.options.allowed) if state.options.allowed is not None else None)
+    run_passes(ctx)
+    fn = tracing.compile_graph(traced.graph)
+    key = _key(state)
+    state.graphs[key] = fn
+    state.reports[key] = report
+    state.last_leaf_failures = traced.leaf_failures
+    return fn
+
+
+def _install(module: nn.Module, options: Options, example_inputs=None) -> _State:
+    state = _State(options, key_modules=[])
+    _build(module, state, example_inputs)
+    module.__dict__[_STATE] = state
+    module.__class__ = _fused_class(type(module))
+    return state
+
+
+def _is_library_module(m: nn.Module) -> bool:
+    return type(m).__module__.startswith(("torch.nn", "torch.ao.nn")) and not isinstance(
+        m, (nn.Sequential, nn.ModuleList, nn.ModuleDict))
+
+
+def _prefixed(report: FusionReport, prefix: str) -> FusionReport:
+    if not prefix:
+        return report
+    def names(ms):
+        return tuple(f"{prefix}.{m}" if m and not m.startswith(":") else f"{prefix}{m}" for m in ms)
+    return FusionReport(
+        report.mode,
+        [FusedSite(names(s.modules), s.pattern, s.activation, s.op, s.saved_bytes, s.recompute_flops, s.reason)
+         for s in report.fused],
+        [SkippedSite(names(s.modules), s.pattern, s.reason) for s in report.skipped],
+        [f"{prefix}.{n}" if not n.startswith(prefix) else n for n in report.notes],
+    )
+
+
+def _optimize_tree(module: nn.Module, path: str, options: Options, example_inputs, report: FusionReport,
+                   install: bool) -> int:
+    """Optimize `module` if it traces, else its largest traceable submodules. Returns #roots optimized."""
+    state = _State(options, key_modules=[])
+    try:
+        _build(module, state, example_inputs)
+    except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
+        children = [(name, child) for name, child in module.named_children() if not _is_library_module(child)]
+        report.notes.append(
+            f"{path or type(module).__name__}: forward is not traceable ({type(exc).__name__}: "
+            f"{tracing._first_line(exc)}); optimizing its submodules instead"
+            + ("" if children else " (it has none that fxfuse could trace)"))
+        roots = 0
+        for name, child in children:
+            roots += _optimize_tree(child, f"{path}.{name}" if path else name, options, None, report, install)
+        return roots
+    sub = next(iter(state.reports.values()))
+    merged = _prefixed(sub, path)
+    report.fused.extend(merged.fused)
+    report.skipped.extend(merged.skipped)
+    report.notes.extend(merged.notes)
+    if install:
+        module.__dict__[_STATE] = state
+        module.__class__ = _fused_class(type(module))
+    roots = 1
+    # Leaves that could not be traced through may still hold traceable submodules.
+    for leaf_path in state.last_leaf_failures:
+        leaf = module.get_submodule(leaf_path)
+        full = f"{path}.{leaf_path}" if path else leaf_path
+        for name, child in leaf.named_children():
+            if not _is_library_module(child):
+                roots += _optimize_tree(child, f"{full}.{name}", options, None, report, install)
+    return roots
+
+
+def _normalize_inputs(example_inputs) -> Optional[tuple]:
+    if example_inputs is None:
+        return None
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, (list, tuple)):
+        return tuple(example_inputs)
+    raise ConfigurationError(
+        f"example_inputs must be a tensor or a tuple of forward() arguments, got {type(example_inputs).__name__}")
+
+
+def _check(model, mode: str) -> None:
+    if not isinstance(model, nn.Module):
+        raise ConfigurationError(f"fxfuse.optimize expects an nn.Module, got {type(model).__name__}")
+    if mode not in MODES:
+        raise ConfigurationError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    _extension.require()
+
+
+def _run(model: nn.Module, example_inputs, mode: str, install: bool) -> FusionReport:
+    options = Options(mode)
+    report = FusionReport(mode)
+    roots = _optimize_tree(model, "", options, _normalize_inputs(example_inputs), report, install)
+    if roots == 0:
+        raise TracingError(
+            f"fxfuse could not trace {type(model).__name__} nor any of its submodules, so nothing was optimized. "
+            + " ".join(report.notes)
+            + " Make the forward traceable by torch.fx (no Python control flow on tensor values), "
+              "or optimize the traceable parts yourself: fxfuse.optimize(model.backbone).")
+    return report
+
+
+def optimize(model: nn.Module, example_inputs=None, *, mode: str = "memory") -> nn.Module:
+    """Rewrite `model` in place so that its Conv→BN(→act) and BN→act patterns run as fused ops.
+
+    Returns `model` itself (now an instance of a generated subclass of its class) with
+    the FusionReport attached as `model.fxfuse_report`. `example_inputs` (a tensor or a
+    tuple of forward arguments) lets the report give bytes saved per site; no real
+    compute is done with them.
+
+    mode="memory" recomputes convolutions in backward to keep only their inputs;
+    mode="fast" only recomputes pointwise work (BN-apply and the activation).
+    """
+    _check(model, mode)
+    if any(is_optimized(m) for m in model.modules()):
+        _uninstall(model)
+    report = _run(model, example_inputs, mode, install=True)
+    model.fxfuse_report = report
+    return model
+
+
+def explain(model: nn.Module, example_inputs=None, *, mode: str = "memory") -> FusionReport:
+    """What `optimize` would fuse and skip (and why), without changing `model`."""
+    _check(model, mode)
+    target = model
+    if any(is_optimized(m) for m in model.modules()):
+        target = copy.deepcopy(model)
+        _uninstall(target)
+    return _run(target, example_inputs, mode, install=False)

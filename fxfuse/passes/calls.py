@@ -1,0 +1,156 @@
+"""Conv2d and BatchNorm2d calls in either form (module call or F.* call), normalised.
+
+`as_conv` / `as_batch_norm` return `(call, problem)`: `call` when the node is a
+fusable conv/BN, `problem` (a reason) when it is a conv/BN that cannot be fused
+exactly, and `(None, None)` when it is neither.
+"""
+from __future__ import annotations
+
+import inspect
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from .context import PassContext
+from .matchers import (Activation, activation_of, bn_module_problem, conv_module_problem, first_input,
+                       is_bn_function, is_conv_function, site_name)
+
+_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+_BN_SIGNATURE = inspect.signature(F.batch_norm)
+
+
+@dataclass
+class ConvCall:
+    node: fx.Node
+    name: str
+    module: Optional[nn.Conv2d]
+    args: dict[str, Any]  # functional form: F.conv2d arguments by name
+
+    @property
+    def input(self) -> fx.Node:
+        return self.node.args[0] if self.module is not None else self.args["input"]
+
+
+@dataclass
+class BNCall:
+    node: fx.Node
+    name: str
+    module: Optional[nn.BatchNorm2d]
+    args: dict[str, Any]  # functional form: F.batch_norm arguments by name
+
+    @property
+    def input(self) -> fx.Node:
+        return self.node.args[0] if self.module is not None else self.args["input"]
+
+
+def _bind_conv(node: fx.Node) -> Optional[dict[str, Any]]:
+    if len(node.args) > len(_CONV_ARGS) or set(node.kwargs) - set(_CONV_ARGS):
+        return None
+    bound = dict(_CONV_DEFAULTS)
+    bound.update(zip(_CONV_ARGS, node.args))
+    bound.update(node.kwargs)
+    return bound if "input" in bound and "weight" in bound else None
+
+
+def as_conv(node: fx.Node, ctx: PassContext) -> tuple[Optional[ConvCall], Optional[str]]:
+    if node.op == "call_module":
+        m = ctx.modules.get(node.target)
+        if not isinstance(m, nn.Conv2d):
+            return None, None
+        problem = conv_module_problem(m)
+        if problem is None and (len(node.args) != 1 or node.kwargs):
+            problem = "unexpected conv call arguments"
+        return (None, problem) if problem else (ConvCall(node, node.target, m, {}), None)
+    if is_conv_function(node):
+        args = _bind_conv(node)
+        if args is None:
+            return None, "unrecognised F.conv2d arguments"
+        for key in ("stride", "padding", "dilation", "groups"):
+            if isinstance(args[key], fx.Node):
+                return None, f"F.conv2d {key} is computed at run time"
+        return ConvCall(node, site_name(node), None, args), None
+    return None, None
+
+
+def as_batch_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[BNCall], Optional[str]]:
+    if node.op == "call_module":
+        m = ctx.modules.get(node.target)
+        if not isinstance(m, _BatchNorm):
+            return None, None
+        problem = bn_module_problem(m)
+        if problem is None and (len(node.args) != 1 or node.kwargs):
+            problem = "unexpected BatchNorm call arguments"
+        return (None, problem) if problem else (BNCall(node, node.target, m, {}), None)
+    if is_bn_function(node):
+        try:
+            bound = _BN_SIGNATURE.bind(*node.args, **node.kwargs)
+        except TypeError:
+            return None, "unrecognised F.batch_norm arguments"
+        bound.apply_defaults()
+        args = dict(bound.arguments)
+        for key in ("momentum", "eps"):
+            if not isinstance(args[key], numbers.Real) or isinstance(args[key], bool):
+                return None, f"F.batch_norm {key} is not a constant number"
+        if isinstance(args["training"], fx.Node):
+            return None, "F.batch_norm training flag is computed at run time"
+        return BNCall(node, site_name(node), None, args), None
+    return None, None
+
+
+@dataclass
+class ActivationUse:
+    activation: Activation
+    node: fx.Node
+    inplace: bool
+    # Other users of the BN output that run after an in-place activation: they see
+    # the activated value, so they can read the fused output too.
+    later_users: tuple[fx.Node, ...] = ()
+
+
+_INPLACE_FUNCTIONS = {F.relu_, F.leaky_relu_}
+
+
+def _is_inplace(node: fx.Node, ctx: PassContext) -> bool:
+    if node.op == "call_method":
+        return node.target.endswith("_")
+    if node.op == "call_module":
+        return bool(getattr(ctx.modules.get(node.target), "inplace", False))
+    if node.target in _INPLACE_FUNCTIONS or getattr(node.target, "__name__", "").endswith("_"):
+        return True
+    if node.kwargs.get("inplace") is True:
+        return True
+    inplace_index = {F.relu: 1, F.relu6: 1, F.silu: 1, F.hardswish: 1, F.leaky_relu: 2}.get(node.target)
+    return inplace_index is not None and len(node.args) > inplace_index and node.args[inplace_index] is True
+
+
+def activation_after(bn_node: fx.Node, ctx: PassContext) -> Optional[ActivationUse]:
+    """The activation applied to `bn_node`'s output that can be fused into it, if any."""
+    users = list(bn_node.users)
+    order = {n: i for i, n in enumerate(ctx.graph.nodes)}
+    for user in sorted(users, key=order.__getitem__):
+        act = activation_of(user, ctx.modules)
+        if act is None or first_input(user) is not bn_node or _uses(user, bn_node) != 1:
+            return None  # the first user is not a fusable activation
+        if len(users) == 1:
+            return ActivationUse(act, user, _is_inplace(user, ctx))
+        if _is_inplace(user, ctx):
+            return ActivationUse(act, user, True, tuple(u for u in users if u is not user))
+        return None
+    return None
+
+
+def _uses(user: fx.Node, node: fx.Node) -> int:
+    """How many times `user` reads `node`."""
+    flat: list[fx.Node] = []
+    fx.node.map_arg((user.args, user.kwargs), flat.append)
+    return sum(1 for n in flat if n is node)
+
+
+def pattern_name(*parts: str) -> str:
+    return "→".join(parts)

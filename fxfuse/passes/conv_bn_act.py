@@ -1,0 +1,110 @@
+"""Conv2d → BatchNorm2d (→ activation)  ⇒  fxfuse::conv_bn_act (recomputes the conv in backward).
+
+Runs in mode="memory". The fused op keeps only the conv input, the weights and the
+per-channel statistics; eager keeps the conv output too (and the BN output when the
+activation's backward needs its input).
+"""
+from __future__ import annotations
+
+import torch.fx as fx
+
+from .. import runtime
+from ..ops import functional
+from ..report import FusedSite, SkippedSite
+from . import estimates
+from .calls import ActivationUse, BNCall, ConvCall, activation_after, as_batch_norm, as_conv, pattern_name
+from .context import PassContext
+from .matchers import first_input, site_name
+from .rewrite import replace_chain
+
+MODES = ("memory",)
+
+
+def _pattern(act: ActivationUse | None) -> str:
+    return pattern_name("conv2d", "batch_norm2d", *([act.activation.describe()] if act else []))
+
+
+def _functional_conv_args(conv: ConvCall, ctx: PassContext) -> dict:
+    if conv.module is not None:
+        m = conv.module
+        return {"input": conv.input, "weight": ctx.get_attr(f"{conv.name}.weight"),
+                "bias": ctx.get_attr(f"{conv.name}.bias") if m.bias is not None else None,
+                "stride": m.stride, "padding": m.padding, "dilation": m.dilation, "groups": m.groups}
+    return dict(conv.args)
+
+
+def _build(conv: ConvCall, bn: BNCall, act: ActivationUse | None, ctx: PassContext) -> fx.Node:
+    act_name, act_param = (act.activation.name, act.activation.param) if act else ("none", 0.0)
+    if conv.module is not None and bn.module is not None:
+        return ctx.graph.call_function(
+            runtime.conv_bn_act_module,
+            (conv.input, ctx.get_attr(conv.name), ctx.get_attr(bn.name), act_name, act_param))
+    kwargs = _functional_conv_args(conv, ctx)
+    kwargs.update(running_mean=bn.args["running_mean"], running_var=bn.args["running_var"],
+                  bn_weight=bn.args["weight"], bn_bias=bn.args["bias"], training=bn.args["training"],
+                  momentum=bn.args["momentum"], eps=bn.args["eps"], act=act_name, act_param=act_param)
+    return ctx.graph.call_function(functional.conv_bn_act, (), kwargs)
+
+
+def _problem(conv: ConvCall, bn: BNCall) -> str | None:
+    if len(conv.node.users) > 1:
+        return "the conv output has other users, so it must be kept anyway"
+    if bn.module is not None and conv.module is None:
+        return "F.conv2d followed by a BatchNorm2d module is not fused (mixed forms)"
+    if conv.module is not None and bn.module is None and conv.module.padding_mode != "zeros":
+        return f"padding_mode={conv.module.padding_mode!r} conv followed by F.batch_norm is not fused"
+    return None
+
+
+def run(ctx: PassContext) -> int:
+    if ctx.mode not in MODES:
+        return 0
+    fused = 0
+    for bn_node in list(ctx.graph.nodes):
+        if bn_node.graph is not ctx.graph or bn_node.op not in ("call_module", "call_function"):
+            continue
+        bn, bn_problem = as_batch_norm(bn_node, ctx)
+        if bn is None and bn_problem is None:
+            continue
+        src = first_input(bn_node)
+        if src is None:
+            continue
+        conv, conv_problem = as_conv(src, ctx)
+        if conv is None and conv_problem is None:
+            continue
+        act = activation_after(bn_node, ctx) if bn is not None else None
+        names = (conv.name if conv else site_name(src), bn.name if bn else site_name(bn_node))
+        if act is not None:
+            names += (site_name(act.node),)
+        problem = bn_problem or conv_problem or _problem(conv, bn)
+        if problem:
+            ctx.report.skipped.append(SkippedSite(names, _pattern(act), problem))
+            continue
+        if ctx.allowed is not None and names not in ctx.allowed:
+            continue
+        saved = _saved_bytes(ctx, conv, bn, act)
+        flops = estimates.conv_flops(ctx.shapes, conv.node, _weight_shape(conv, ctx), 1)
+        chain = [conv.node, bn_node] + ([act.node] if act else [])
+        replace_chain(ctx.graph, chain, lambda: _build(conv, bn, act, ctx),
+                      also_replace=(bn_node,) if act and act.later_users else ())
+        ctx.report.fused.append(FusedSite(names, _pattern(act), act.activation.describe() if act else "none",
+                                          "fxfuse::conv_bn_act", saved, flops))
+        fused += 1
+    return fused
+
+
+def _weight_shape(conv: ConvCall, ctx: PassContext):
+    if conv.module is not None:
+        return tuple(conv.module.weight.shape)
+    meta = ctx.shapes.get(conv.args["weight"])
+    return tuple(meta.shape) if meta is not None else None
+
+
+def _saved_bytes(ctx: PassContext, conv: ConvCall, bn: BNCall, act: ActivationUse | None):
+    conv_out = estimates.nbytes(ctx.shapes, conv.node)
+    if conv_out is None:
+        return None
+    if act is None:
+        return conv_out
+    extra = estimates.activation_input_bytes(ctx.shapes, bn.node, act.activation.name, act.inplace)
+    return None if extra is None else conv_out + extra

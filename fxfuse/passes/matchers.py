@@ -1,0 +1,152 @@
+"""Recognising the pieces of a pattern in an fx.Graph: convs, batch norms, activations.
+
+A module matches only when it computes exactly what its library class computes:
+the exact forward (subclasses that override it are not plain BN/conv), and no
+hooks (the fused op would not run them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+@dataclass(frozen=True)
+class Activation:
+    name: str  # one of fxfuse.ops.ACTIVATIONS
+    param: float = 0.0
+
+    def describe(self) -> str:
+        if self.name == "leaky_relu":
+            return f"leaky_relu({self.param:g})"
+        return self.name
+
+
+def module_of(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[nn.Module]:
+    return modules.get(node.target) if node.op == "call_module" else None
+
+
+def has_hooks(m: nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or getattr(m, "_backward_pre_hooks", None))
+
+
+def conv_module_problem(m: nn.Module) -> Optional[str]:
+    """Why module `m` cannot be fused as a Conv2d (None if it can)."""
+    if not isinstance(m, nn.Conv2d):
+        return f"{type(m).__name__} is not a Conv2d"
+    if type(m).forward is not nn.Conv2d.forward or type(m)._conv_forward is not nn.Conv2d._conv_forward:
+        return f"{type(m).__name__} overrides Conv2d.forward"
+    if isinstance(m.weight, nn.parameter.UninitializedParameter):
+        return "LazyConv2d is not initialized yet (run one forward first)"
+    if has_hooks(m):
+        return "the conv module has hooks, which the fused op would not run"
+    return None
+
+
+def bn_module_problem(m: nn.Module) -> Optional[str]:
+    """Why module `m` cannot be fused as a BatchNorm2d (None if it can)."""
+    if isinstance(m, nn.SyncBatchNorm):
+        return "SyncBatchNorm all-reduces statistics across processes; not fused"
+    if not isinstance(m, nn.BatchNorm2d):
+        return f"{type(m).__name__} is not a BatchNorm2d"
+    if type(m).forward is not _BatchNorm.forward or type(m)._check_input_dim is not nn.BatchNorm2d._check_input_dim:
+        return f"{type(m).__name__} overrides BatchNorm2d.forward"
+    if isinstance(m.weight, nn.parameter.UninitializedParameter) or isinstance(
+            m.running_mean, nn.parameter.UninitializedBuffer):
+        return "LazyBatchNorm2d is not initialized yet (run one forward first)"
+    if has_hooks(m):
+        return "the BatchNorm module has hooks, which the fused op would not run"
+    return None
+
+
+def is_conv_function(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in (F.conv2d, torch.conv2d)
+
+
+def is_bn_function(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is F.batch_norm
+
+
+_ACT_MODULES = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish"}
+_ACT_FUNCTIONS = {
+    F.relu: "relu", F.relu_: "relu", torch.relu: "relu", torch.relu_: "relu",
+    F.relu6: "relu6", F.silu: "silu", F.hardswish: "hardswish",
+}
+_ACT_METHODS = {"relu": "relu", "relu_": "relu"}
+
+
+def _arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def activation_of(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[Activation]:
+    """The activation `node` computes of its first input, or None."""
+    if node.op == "call_module":
+        m = modules.get(node.target)
+        if m is None or has_hooks(m):
+            return None
+        if type(m) in _ACT_MODULES:
+            return Activation(_ACT_MODULES[type(m)])
+        if type(m) is nn.LeakyReLU:
+            return Activation("leaky_relu", float(m.negative_slope))
+        if type(m) is nn.GELU:
+            return Activation("gelu_tanh" if m.approximate == "tanh" else "gelu") if m.approximate in (
+                "none", "tanh") else None
+        return None
+    if node.op == "call_function":
+        if node.target in _ACT_FUNCTIONS:
+            return Activation(_ACT_FUNCTIONS[node.target])
+        if node.target in (F.leaky_relu, F.leaky_relu_):
+            slope = _arg(node, 1, "negative_slope", 0.01)
+            return Activation("leaky_relu", float(slope)) if isinstance(slope, (int, float)) else None
+        if node.target is F.gelu:
+            approximate = _arg(node, 1, "approximate", "none")
+            if approximate == "none":
+                return Activation("gelu")
+            return Activation("gelu_tanh") if approximate == "tanh" else None
+        return None
+    if node.op == "call_method" and node.target in _ACT_METHODS:
+        return Activation(_ACT_METHODS[node.target])
+    return None
+
+
+def first_input(node: fx.Node) -> Optional[fx.Node]:
+    if node.args:
+        first = node.args[0]
+    else:
+        first = node.kwargs.get("input", node.kwargs.get("self"))
+    return first if isinstance(first, fx.Node) else None
+
+
+def single_user(node: fx.Node) -> Optional[fx.Node]:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def node_scope(node: fx.Node) -> str:
+    """Qualified name of the innermost module whose forward created `node`."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, _ = list(stack.values())[-1]
+    return path
+
+
+def site_name(node: fx.Node) -> str:
+    """Module path for call_module nodes; 'scope:function' for functional calls."""
+    if node.op == "call_module":
+        return str(node.target)
+    name = getattr(node.target, "__name__", str(node.target))
+    scope = node_scope(node)
+    return f"{scope}:{name}" if scope else name
+
+
+__all__ = ["Activation", "activation_of", "bn_module_problem", "conv_module_problem", "first_input",
+           "is_bn_function", "is_conv_function", "module_of", "node_scope", "single_user", "site_name"]

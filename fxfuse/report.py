@@ -1,0 +1,86 @@
+"""FusionReport: what fxfuse fused, what it skipped and why, rendered with tabulate."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from tabulate import tabulate
+
+
+def format_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def format_flops(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} FLOP"
+
+
+@dataclass
+class FusedSite:
+    modules: tuple[str, ...]  # module paths (or scope:function for functional calls), in forward order
+    pattern: str  # e.g. "conv2d→batch_norm2d→relu"
+    activation: str
+    op: str  # the fxfuse op it runs
+    saved_bytes: Optional[int] = None  # activation bytes eager keeps for backward that this site does not
+    recompute_flops: Optional[int] = None  # extra work in backward
+    reason: str = ""  # why the policy chose it
+
+    @property
+    def name(self) -> str:
+        return " + ".join(self.modules)
+
+
+@dataclass
+class SkippedSite:
+    modules: tuple[str, ...]
+    pattern: str
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return " + ".join(self.modules)
+
+
+@dataclass
+class FusionReport:
+    mode: str
+    fused: list[FusedSite] = field(default_factory=list)
+    skipped: list[SkippedSite] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def saved_bytes(self) -> Optional[int]:
+        values = [s.saved_bytes for s in self.fused]
+        return None if not values or any(v is None for v in values) else sum(values)
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "fused": [asdict(s) for s in self.fused],
+                "skipped": [asdict(s) for s in self.skipped], "notes": list(self.notes),
+                "saved_bytes": self.saved_bytes}
+
+    def __str__(self) -> str:
+        lines = [f"fxfuse fusion report (mode={self.mode}): {len(self.fused)} fused, {len(self.skipped)} skipped"]
+        if self.fused:
+            rows = [(s.name, s.pattern, s.op, format_bytes(s.saved_bytes), format_flops(s.recompute_flops))
+                    for s in self.fused]
+            lines.append(tabulate(rows, headers=["fused", "pattern", "op", "saves", "recompute"]))
+            if self.saved_bytes is not None:
+                lines.append(f"total activation memory saved: {format_bytes(self.saved_bytes)}")
+        if self.skipped:
+            rows = [(s.name, s.pattern, s.reason) for s in self.skipped]
+            lines.append(tabulate(rows, headers=["skipped", "pattern", "reason"]))
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+    __repr__ = __str__

@@ -1,0 +1,28 @@
+"""Tensor shapes of a traced graph from example inputs, without real compute (FakeTensor)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+def propagate(root: nn.Module, graph: fx.Graph, example_inputs: Sequence[Any]) -> dict[fx.Node, Any]:
+    """node -> TensorMetadata for every node that produced a single tensor.
+
+    The model is copied to fake tensors, so nothing the user owns changes
+    (BatchNorm leaves count batches on their fake copies).
+    """
+    gm = fx.GraphModule(root, graph)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    ShapeProp(gm, fake_mode=fake_mode).propagate(*fake_inputs)
+    shapes = {}
+    for node in graph.nodes:
+        meta = node.meta.pop("tensor_meta", None)
+        if meta is not None and hasattr(meta, "shape"):
+            shapes[node] = meta
+    return shapes

@@ -1,0 +1,113 @@
+"""Tracing models with torch.fx for fxfuse's passes.
+
+`FxFuseTracer` differs from `torch.fx.Tracer` in three ways:
+ * a subclass of a torch.nn module that keeps the library's `forward` is a leaf
+   (the pass can then recognise it by its type and forward);
+ * a submodule that cannot be traced through becomes a leaf instead of failing the
+   whole trace: the partial trace is rolled back and the reason recorded;
+ * it records which modules were traced through: their `training` flags are baked
+   into the graph, so the optimized model keys its graphs on them.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def _library_forward(m: nn.Module) -> bool:
+    forward_owner = getattr(type(m).forward, "__module__", "") or ""
+    return forward_owner.startswith(("torch.nn", "torch.ao.nn")) and not isinstance(m, _CONTAINERS)
+
+
+@dataclass
+class TraceResult:
+    graph: fx.Graph
+    traced_modules: list[str]  # qualified names of modules traced through (root is "")
+    leaf_failures: dict[str, str] = field(default_factory=dict)  # module path -> why it became a leaf
+
+
+class FxFuseTracer(fx.Tracer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.record_stack_traces = True
+        self.leaf_failures: dict[str, str] = {}
+        self.traced_modules: list[str] = []
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.leaf_failures:
+            return True
+        return super().is_leaf_module(m, module_qualified_name) or _library_forward(m)
+
+    def call_module(self, m, forward, args, kwargs):
+        path = self.path_of_module(m)
+        if self.is_leaf_module(m, path):
+            return super().call_module(m, forward, args, kwargs)
+        tail = self.graph._root.prev  # last node before this call
+        module_stack = collections.OrderedDict(self.module_stack)
+        num_calls = dict(self.num_calls)
+        n_traced = len(self.traced_modules)
+        try:
+            out = super().call_module(m, forward, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - any failure inside means "make it a leaf"
+            self._rollback(tail)
+            self.module_stack = module_stack
+            self.num_calls = num_calls
+            del self.traced_modules[n_traced:]
+            self.leaf_failures[path] = f"{type(exc).__name__}: {_first_line(exc)}"
+            return super().call_module(m, forward, args, kwargs)
+        if path not in self.traced_modules:
+            self.traced_modules.append(path)
+        return out
+
+    def _rollback(self, tail: fx.Node) -> None:
+        nodes = []
+        node = self.graph._root.prev
+        while node is not tail:
+            nodes.append(node)
+            node = node.prev
+        for node in nodes:  # newest first, so users go before their inputs
+            self.graph.erase_node(node)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def trace(root: nn.Module, forward_class: type | None = None) -> TraceResult:
+    """Trace `root`; raises whatever torch.fx raises when root's own forward cannot be traced.
+
+    `forward_class`: trace that class's forward instead of `type(root).forward` (an
+    optimized module traces the forward of its original class).
+    """
+    tracer = FxFuseTracer()
+    if forward_class is None:
+        graph = tracer.trace(root)
+    else:
+        cls = root.__class__
+        root.__class__ = forward_class
+        try:
+            graph = tracer.trace(root)
+        finally:
+            root.__class__ = cls
+    return TraceResult(graph, [""] + tracer.traced_modules, dict(tracer.leaf_failures))
+
+
+def compile_graph(graph: fx.Graph):
+    """Python function `fn(module, *args, **kwargs)` running `graph` with `module` as `self`.
+
+    Unlike a GraphModule, it copies nothing: every parameter, buffer and submodule is
+    looked up on the live module at call time, so `.to()`, `.double()`, `load_state_dict`
+    and parameter swaps act on what the graph uses.
+    """
+    code = graph.python_code(root_module="self")
+    fn = fx.graph_module._forward_from_src(code.src, code.globals)
+    return fn
+
+
