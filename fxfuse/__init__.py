@@ -4,8 +4,9 @@ from . import ops
 from .errors import ExtensionNotLoadedError, FxFuseError, TracingError
 from .optimize import explain, optimize
 from .report import FusionReport
+from .verify import VerifyReport, verify
 
 __version__ = "0.1.0"
 
-__all__ = ["ExtensionNotLoadedError", "FusionReport", "FxFuseError", "TracingError", "explain", "ops",
-           "optimize"]
+__all__ = ["ExtensionNotLoadedError", "FusionReport", "FxFuseError", "TracingError", "VerifyReport", "explain",
+           "ops", "optimize", "verify"]

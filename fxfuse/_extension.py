@@ -5,6 +5,8 @@ op is used, instead of surfacing later as "operator fxfuse::... does not exist".
 """
 from __future__ import annotations
 
+import torch  # noqa: F401  (loads libtorch/libc10, which fxfuse._C links against)
+
 from .errors import ExtensionNotLoadedError
 
 _load_error: BaseException | None = None

@@ -22,7 +22,7 @@ from torch import nn
 
 from . import _extension, shapes, tracing
 from .errors import ConfigurationError, TracingError
-from .passes import MODES, PassContext, run_passes
+from .passes import MODES, PassContext, run_passes  # noqa: F401  (MODES is re-exported)
 from .report import FusedSite, FusionReport, SkippedSite
 
 _STATE = "_fxfuse_state"

@@ -72,15 +72,21 @@ at::Tensor act_backward(const at::Tensor& grad, const at::Tensor& z, Act act, do
   TORCH_INTERNAL_ASSERT(false);
 }
 
-// Per-channel (scale, shift) such that bn(x) = x * scale + shift.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> scale_shift(
-    const at::Tensor& mean, const at::Tensor& var, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps, at::ScalarType sd) {
+// Per-channel (invstd, scale) such that bn(x) = (x - mean) * scale + bias. Subtracting the
+// mean first (rather than x * scale + shift) avoids cancellation when |mean| >> std.
+std::tuple<at::Tensor, at::Tensor> inv_scale(
+    const at::Tensor& var, const std::optional<at::Tensor>& weight, double eps, at::ScalarType sd) {
   at::Tensor invstd = (var.to(sd) + eps).rsqrt();
   at::Tensor scale = weight.has_value() && weight->defined() ? invstd * weight->to(sd) : invstd;
-  at::Tensor shift = -mean.to(sd) * scale;
-  if (bias.has_value() && bias->defined()) shift = shift + bias->to(sd);
-  return {invstd, scale, shift};
+  return {invstd, scale};
+}
+
+at::Tensor normalize(
+    const at::Tensor& x, const at::Tensor& mean, const at::Tensor& scale,
+    const std::optional<at::Tensor>& bias, at::ScalarType sd) {
+  at::Tensor z = (x - per_channel(mean.to(sd))) * per_channel(scale);
+  if (bias.has_value() && bias->defined()) z = z + per_channel(bias->to(sd));
+  return z;
 }
 
 // Give `result` the layout at::empty_like(like) has, as the fake kernels promise.
@@ -107,8 +113,8 @@ at::Tensor bn_act_generic(
   check_bn_input(input, "bn_act");
   Act a = parse_act(act);
   auto sd = stats_dtype(input.scalar_type());
-  auto [invstd, scale, shift] = scale_shift(mean, var, weight, bias, eps, sd);
-  at::Tensor z = input.to(sd) * per_channel(scale) + per_channel(shift);
+  auto [invstd, scale] = inv_scale(var, weight, eps, sd);
+  at::Tensor z = normalize(input.to(sd), mean, scale, bias, sd);
   return match_layout(act_forward(z, a, act_param), input, input.scalar_type());
 }
 
@@ -120,10 +126,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_generic(
   check_bn_input(input, "bn_act_backward");
   Act a = parse_act(act);
   auto sd = stats_dtype(input.scalar_type());
-  auto [invstd, scale, shift] = scale_shift(mean, var, weight, bias, eps, sd);
+  auto [invstd, scale] = inv_scale(var, weight, eps, sd);
   at::Tensor x = input.to(sd);
   at::Tensor g = grad_out.to(sd);
-  if (a != Act::None) g = act_backward(g, x * per_channel(scale) + per_channel(shift), a, act_param);
+  if (a != Act::None) g = act_backward(g, normalize(x, mean, scale, bias, sd), a, act_param);
 
   const bool need_sums = output_mask[1] || output_mask[2] || (output_mask[0] && batch_stats);
   at::Tensor xhat, sum_g, sum_gx;

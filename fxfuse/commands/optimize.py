@@ -1,0 +1,32 @@
+"""`fxfuse optimize MODEL_SPEC --input-shape N,C,H,W [--mode ...] [--json]`: print the fusion report."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from ..optimize import MODES, explain
+from ._common import add_model_arguments, load_model
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "optimize", help="show what fxfuse.optimize would fuse in a model, and why it skips the rest",
+        description="Trace MODEL_SPEC, find Conv→BN→activation and BN→activation patterns and print the "
+                    "fusion report (sites, bytes saved for backward at the given input shape, skip reasons).")
+    add_model_arguments(parser)
+    parser.add_argument("--mode", choices=MODES, default="memory",
+                        help="memory: recompute convs to keep only their inputs (default); "
+                             "fast: only pointwise recompute")
+    parser.add_argument("--eval", action="store_true", help="analyse the model in eval mode")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_model(args.model)
+    model.train(not args.eval)
+    report = explain(model, torch.randn(*args.input_shape), mode=args.mode)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return 0

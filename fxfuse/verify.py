@@ -1,0 +1,127 @@
+"""`fxfuse.verify`: check, on your own model, that fxfuse's rewrite trains exactly like it."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from tabulate import tabulate
+from torch import nn
+
+from .testing import Check, cast_inputs, compare_models, copy_model, failure_summary, validate_options
+
+__all__ = ["VerifyReport", "verify"]
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` compared, and whether everything matched.
+
+    `checks` holds one Check per kind of tensor per point of the run (e.g. the
+    parameter gradients of step 1), each with the worst difference and the name of
+    the tensor it was in. `str(report)` is a table of them.
+    """
+
+    checks: list[Check]
+    mode: str
+    steps: int
+    dtype: Optional[torch.dtype] = None
+    optimize_report: Any = None  # the optimized copy's `fxfuse_report`, if it had one
+
+    @property
+    def ok(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [check for check in self.checks if not check.passed]
+
+    def summary(self) -> str:
+        """One line when everything matched; otherwise the first failure, and the others."""
+        if self.ok:
+            return f"equivalent: all {len(self.checks)} checks passed"
+        summary = "NOT equivalent: " + failure_summary(self.checks)
+        if self.dtype != torch.float64:
+            summary += f"\n{_FLOAT64_HINT}"
+        return summary
+
+    def table(self) -> str:
+        headers = ["phase", "check", "tensors", "worst tensor", "max abs diff", "rel diff", "tolerance", "result"]
+        return tabulate([_row(check) for check in self.checks], headers=headers, disable_numparse=True)
+
+    def __str__(self) -> str:
+        dtype = str(self.dtype).replace("torch.", "") if self.dtype is not None else "model's own dtype"
+        lines = [f"fxfuse.verify (mode={self.mode}, steps={self.steps}, dtype={dtype})"]
+        if self.optimize_report is not None:
+            lines.append(f"optimized copy: {str(self.optimize_report).splitlines()[0]}")
+        return "\n".join([*lines, self.table(), self.summary()])
+
+
+_FLOAT64_HINT = (
+    "hint: training amplifies float32 rounding (small BatchNorm batches, first-layer weight "
+    "gradients); run with dtype=torch.float64 (--dtype float64) to tell real differences from rounding."
+)
+
+
+def _row(check: Check) -> list[str]:
+    worst = check.worst
+    name = worst.name if worst.problem is None else f"{worst.name}: {worst.problem}"
+    if worst.problem is not None or check.phase == "structure":
+        numbers = ["-", "-", "-"]
+    else:
+        numbers = [_number(worst.max_abs_diff), _number(worst.rel_diff), _number(worst.tolerance)]
+    result = "ok" if check.passed else f"FAIL ({len(check.failures)})"
+    return [check.label, check.kind, str(len(check.comparisons)), name, *numbers, result]
+
+
+def _number(value: float) -> str:
+    return str(value) if math.isnan(value) or math.isinf(value) else f"{value:.1e}"
+
+
+def verify(
+    model: nn.Module,
+    *example_inputs: Any,
+    mode: str = "memory",
+    steps: int = 2,
+    dtype: Optional[torch.dtype] = None,
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+) -> VerifyReport:
+    """Optimize a copy of `model` with fxfuse and check it trains exactly like the original.
+
+    A deep copy of `model` is optimized (``fxfuse.optimize(copy, example_inputs,
+    mode=mode)``) and run side by side with another deep copy of the original, in
+    train mode, for `steps` plain SGD steps from the same RNG state; then both are
+    compared in eval mode. See `fxfuse.testing` for everything that is compared.
+    `model` itself is not changed: not its parameters, buffers, grads or training flag.
+
+    Args:
+        model: the model to check.
+        *example_inputs: the positional arguments of ``model.forward``; floating
+            tensors among them also get their gradients compared.
+        mode: the fxfuse.optimize mode to check.
+        steps: training steps to compare (0: eval mode and structure only).
+        dtype: if given, both copies and the floating inputs are cast to it first;
+            ``torch.float64`` separates real differences from float32 rounding.
+        rtol, atol: override the per-dtype tolerances: tensors match when
+            ``max|ref - opt| <= atol + rtol * max|ref|``.
+
+    Returns:
+        A VerifyReport; ``report.ok`` is True when everything matched. Errors raised
+        by fxfuse.optimize (an unknown `mode`, say) propagate.
+    """
+    from .optimize import optimize  # here, not at the top: fxfuse.optimize loads the compiled ops
+
+    validate_options(steps, dtype, rtol, atol)
+    inputs = cast_inputs(example_inputs, dtype)
+    reference = copy_model(model, dtype).train()
+    candidate = optimize(copy_model(model, dtype).train(), inputs, mode=mode)
+    checks = compare_models(reference, candidate, inputs, steps=steps, rtol=rtol, atol=atol)
+    return VerifyReport(
+        checks=checks,
+        mode=mode,
+        steps=steps,
+        dtype=dtype,
+        optimize_report=getattr(candidate, "fxfuse_report", None),
+    )

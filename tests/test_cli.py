@@ -1,0 +1,50 @@
+"""The `fxfuse` command line: optimize (the other sub-commands test their own)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fxfuse.cli import main
+
+
+def test_optimize_prints_the_report(capsys):
+    assert main(["optimize", "torchvision:resnet18", "--input-shape", "2,3,32,32"]) == 0
+    out = capsys.readouterr().out
+    assert "20 fused" in out and "layer1.0.conv1 + layer1.0.bn1 + layer1.0.relu" in out
+
+
+def test_optimize_json_and_fast_mode(capsys):
+    assert main(["optimize", "torchvision:mobilenet_v3_small", "--input-shape", "1,3,32,32", "--mode", "fast",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"] == "fast" and report["fused"]
+    assert all(site["op"] == "fxfuse::batch_norm_act" for site in report["fused"])
+
+
+def test_factory_spec(capsys):
+    assert main(["optimize", "tests.test_cli:small_model", "--input-shape", "2,3,8,8"]) == 0
+    assert "conv2d→batch_norm2d→relu" in capsys.readouterr().out
+
+
+def small_model():
+    from torch import nn
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+
+
+@pytest.mark.parametrize("argv", [["optimize", "torchvision:resnet18"],
+                                  ["optimize", "torchvision:resnet18", "--input-shape", "a,b"]])
+def test_usage_errors_exit_2(argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+
+
+def test_unknown_model_is_a_clear_error(capsys):
+    assert main(["optimize", "torchvision:resnet9000", "--input-shape", "1,3,8,8"]) == 2
+    assert "no model 'resnet9000'" in capsys.readouterr().err
+
+
+def test_python_dash_m_and_help():
+    out = subprocess.run([sys.executable, "-m", "fxfuse", "--help"], capture_output=True, text=True, check=True)
+    assert "optimize" in out.stdout

@@ -1,0 +1,43 @@
+"""Exactness on the torchvision classification zoo: two training steps then eval, float64.
+
+Small resolutions keep CI fast; each model's report must show it actually fused sites.
+"""
+import copy
+
+import pytest
+import torch
+import torchvision
+
+import fxfuse
+from fxfuse.testing import assert_equivalent
+
+# name -> (input size, minimum number of fused sites expected)
+ZOO = {
+    "resnet18": (64, 20),
+    "resnet50": (64, 53),
+    "resnext50_32x4d": (64, 53),
+    "wide_resnet50_2": (64, 53),
+    "vgg11_bn": (64, 8),
+    "mobilenet_v2": (64, 52),
+    "mobilenet_v3_small": (64, 30),
+    "mnasnet0_5": (64, 50),
+    "efficientnet_b0": (64, 49),
+    "regnet_x_400mf": (64, 40),
+    "regnet_y_400mf": (64, 40),
+    "shufflenet_v2_x0_5": (64, 40),
+    "densenet121": (64, 100),
+    "googlenet": (64, 50),
+    "inception_v3": (107, 90),
+}
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_model_is_exact(name):
+    size, min_fused = ZOO[name]
+    kwargs = {"num_classes": 10}
+    if name in ("googlenet", "inception_v3"):
+        kwargs.update(aux_logits=False, init_weights=False)
+    model = torchvision.models.get_model(name, weights=None, **kwargs)
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert len(optimized.fxfuse_report.fused) >= min_fused, optimized.fxfuse_report
+    assert_equivalent(model, optimized, torch.randn(4, 3, size, size), dtype=torch.float64, steps=2)
