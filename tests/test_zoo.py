@@ -1,6 +1,9 @@
 """Exactness on the torchvision classification zoo: two training steps then eval, float64.
 
 Small resolutions keep CI fast; each model's report must show it actually fused sites.
+64x64 at batch 2 leaves every BatchNorm at least 8 values per channel: with fewer
+(e.g. 1x1 spatial at batch 2) normalisation is so ill-conditioned that float64
+rounding alone exceeds the 1e-9 tolerance, whatever the implementation.
 """
 import copy
 
@@ -38,6 +41,8 @@ def test_zoo_model_is_exact(name):
     if name in ("googlenet", "inception_v3"):
         kwargs.update(aux_logits=False, init_weights=False)
     model = torchvision.models.get_model(name, weights=None, **kwargs)
+    if name.startswith("vgg"):
+        model.classifier = torch.nn.Linear(512 * 7 * 7, 10)  # the 120M-parameter head has nothing to fuse
     optimized = fxfuse.optimize(copy.deepcopy(model))
     assert len(optimized.fxfuse_report.fused) >= min_fused, optimized.fxfuse_report
-    assert_equivalent(model, optimized, torch.randn(4, 3, size, size), dtype=torch.float64, steps=2)
+    assert_equivalent(model, optimized, torch.randn(2, 3, size, size), dtype=torch.float64, steps=2)
