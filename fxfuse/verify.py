@@ -111,7 +111,7 @@ def verify(
         A VerifyReport; ``report.ok`` is True when everything matched. Errors raised
         by fxfuse.optimize (an unknown `mode`, say) propagate.
     """
-    from .optimize import optimize  # here, not at the top: fxfuse.optimize loads the compiled ops
+    from .fusion import optimize  # here, not at the top: fxfuse.optimize loads the compiled ops
 
     validate_options(steps, dtype, rtol, atol)
     inputs = cast_inputs(example_inputs, dtype)

@@ -71,16 +71,11 @@ class StandIn:
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    """Install a StandIn as fxfuse.optimize.optimize; returns a function to set its rewrite."""
+    """Install a StandIn as fxfuse.fusion.optimize; returns a function to set its rewrite."""
 
     def install(rewrite=lambda model: None) -> StandIn:
         fake = StandIn(rewrite)
-        try:
-            module = importlib.import_module("fxfuse.optimize")
-        except ModuleNotFoundError:  # not written yet: verify's lazy import finds this one
-            module = types.ModuleType("fxfuse.optimize")
-            monkeypatch.setitem(sys.modules, "fxfuse.optimize", module)
-        monkeypatch.setattr(module, "optimize", fake, raising=False)
+        monkeypatch.setattr(importlib.import_module("fxfuse.fusion"), "optimize", fake)
         return fake
 
     return install

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from ..optimize import MODES, explain
+from ..fusion import MODES, explain
 from ._common import add_model_arguments, load_model
 
 

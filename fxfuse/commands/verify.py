@@ -5,7 +5,7 @@ import argparse
 
 import torch
 
-from ..optimize import MODES
+from ..fusion import MODES
 from ..verify import verify
 from ._common import add_model_arguments, load_model, parse_dtype
 

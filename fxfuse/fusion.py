@@ -41,6 +41,7 @@ class _State:
     key_modules: list[nn.Module]
     graphs: dict[tuple, Callable] = field(default_factory=dict)
     reports: dict[tuple, FusionReport] = field(default_factory=dict)
+    last_leaf_failures: dict[str, str] = field(default_factory=dict)
 
 
 def _key(state: _State) -> tuple:
@@ -123,9 +124,28 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
     return fn
 
 
+def _build_other_mode(root: nn.Module, state: _State) -> None:
+    """Also build the graph for the opposite train/eval mode of every traced module.
+
+    So that switching between train() and eval() finds a compiled graph (and
+    torch.compile never has to trace fxfuse's own tracing).
+    """
+    flags = [m.training for m in state.key_modules]
+    if len(set(flags)) != 1:
+        return
+    try:
+        for m in state.key_modules:
+            m.training = not flags[0]
+        _build(root, state, None)
+    finally:
+        for m, flag in zip(state.key_modules, flags):
+            m.training = flag
+
+
 def _install(module: nn.Module, options: Options, example_inputs=None) -> _State:
     state = _State(options, key_modules=[])
     _build(module, state, example_inputs)
+    _build_other_mode(module, state)
     module.__dict__[_STATE] = state
     module.__class__ = _fused_class(type(module))
     return state
@@ -166,17 +186,19 @@ def _optimize_tree(module: nn.Module, path: str, options: Options, example_input
         for name, child in children:
             roots += _optimize_tree(child, f"{path}.{name}" if path else name, options, None, report, install)
         return roots
-    sub = next(iter(state.reports.values()))
+    sub = state.reports[_key(state)]
+    leaf_failures = dict(state.last_leaf_failures)
     merged = _prefixed(sub, path)
     report.fused.extend(merged.fused)
     report.skipped.extend(merged.skipped)
     report.notes.extend(merged.notes)
     if install:
+        _build_other_mode(module, state)
         module.__dict__[_STATE] = state
         module.__class__ = _fused_class(type(module))
     roots = 1
     # Leaves that could not be traced through may still hold traceable submodules.
-    for leaf_path in state.last_leaf_failures:
+    for leaf_path in leaf_failures:
         leaf = module.get_submodule(leaf_path)
         full = f"{path}.{leaf_path}" if path else leaf_path
         for name, child in leaf.named_children():
