@@ -15,3 +15,7 @@ class TracingError(FxFuseError):
 
 class ConfigurationError(FxFuseError, ValueError):
     """An argument to an fxfuse API is invalid."""
+
+
+class AuditError(FxFuseError, RuntimeError):
+    """The channels_last audit could not run the model on its example inputs."""
