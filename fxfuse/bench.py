@@ -18,7 +18,7 @@ from tabulate import tabulate
 from torch import nn
 
 from . import measure
-from .optimize import optimize
+from .fusion import optimize
 
 
 def ensure_malloc_env() -> None:
