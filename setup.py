@@ -23,6 +23,11 @@ def extension():
     debug = os.environ.get("FXFUSE_DEBUG") == "1"
     cxx = ["-O0", "-g"] if debug else ["-O3"]
     cxx += ["-fopenmp", "-Wno-unused-function"]
+    # No fusing of a * b + c into an FMA behind the source's back: the hand-written CPU
+    # kernels (csrc/cpu/) round like the ATen ops they reproduce. Their AVX2 builds
+    # enable AVX2/FMA per function (#pragma GCC target in cpu/*_avx2.cpp, picked at
+    # run time), so no -mavx2 here: the extension still loads on x86-64 CPUs without AVX2.
+    cxx += ["-ffp-contract=off"]
     srcs = sources("*.cpp") + sources("generic/*.cpp") + sources("cpu/*.cpp")
     if os.environ.get("FXFUSE_CUDA") == "1":
         return CUDAExtension(

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include "activation_ops.h"
 #include "bn_act.h"
 
 TORCH_LIBRARY(fxfuse, m) {
@@ -37,6 +38,26 @@ TORCH_LIBRARY(fxfuse, m) {
       "float act_param, bool[5] output_mask) "
       "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias, "
       "Tensor grad_bn_weight, Tensor grad_bn_bias)");
+  // F.gelu and aten::gelu_backward (approximate: "none" or "tanh").
+  m.def("gelu(Tensor self, *, str approximate='none') -> Tensor");
+  m.def(
+      "gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor");
+  // act(F.linear(input, weight, bias)) that keeps only input, weight and bias for backward.
+  m.def(
+      "linear_act(Tensor input, Tensor weight, Tensor? bias, str act, float act_param) "
+      "-> Tensor");
+  m.def(
+      "linear_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "str act, float act_param, bool[3] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  // act(F.conv2d(input, weight, bias, ...)) that keeps only input, weight and bias.
+  m.def(
+      "conv_act(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups, str act, float act_param) -> Tensor");
+  m.def(
+      "conv_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "int[2] stride, int[2] padding, int[2] dilation, int groups, str act, float act_param, "
+      "bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }
 
 // The device-generic kernels are also exposed directly so that the tests can
@@ -54,4 +75,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return fxfuse::bn_act_backward_generic(
             grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask);
       });
+  m.def(
+      "generic_gelu", &fxfuse::gelu_generic, py::arg("self"), py::kw_only(),
+      py::arg("approximate") = "none");
+  m.def(
+      "generic_gelu_backward", &fxfuse::gelu_backward_generic, py::arg("grad_output"),
+      py::arg("self"), py::kw_only(), py::arg("approximate") = "none");
 }

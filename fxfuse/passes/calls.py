@@ -132,8 +132,10 @@ def _is_inplace(node: fx.Node, ctx: PassContext) -> bool:
 def activation_after(bn_node: fx.Node, ctx: PassContext) -> Optional[ActivationUse]:
     """The activation applied to `bn_node`'s output that can be fused into it, if any."""
     users = list(bn_node.users)
-    order = {n: i for i, n in enumerate(ctx.graph.nodes)}
-    for user in sorted(users, key=order.__getitem__):
+    if len(users) > 1:
+        order = {n: i for i, n in enumerate(ctx.graph.nodes)}
+        users.sort(key=order.__getitem__)
+    for user in users:
         act = activation_of(user, ctx.modules)
         if act is None or first_input(user) is not bn_node or _uses(user, bn_node) != 1:
             return None  # the first user is not a fusable activation

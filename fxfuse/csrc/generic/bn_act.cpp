@@ -3,6 +3,7 @@
 // without a dedicated kernel; it is also the C++ reference for the CPU kernels.
 #include <torch/library.h>
 
+#include "../activation_ops.h"
 #include "../bn_act.h"
 #include "../dispatch.h"
 
@@ -43,34 +44,6 @@ void check_bn_input(const at::Tensor& input, const char* op) {
 
 // View a per-channel vector as (1, C, 1, 1) for broadcasting.
 at::Tensor per_channel(const at::Tensor& v) { return v.view({1, -1, 1, 1}); }
-
-at::Tensor act_forward(const at::Tensor& z, Act act, double param) {
-  switch (act) {
-    case Act::None: return z;
-    case Act::ReLU: return at::relu(z);
-    case Act::ReLU6: return at::hardtanh(z, 0, 6);
-    case Act::LeakyReLU: return at::leaky_relu(z, param);
-    case Act::GELU: return at::gelu(z, "none");
-    case Act::GELUTanh: return at::gelu(z, "tanh");
-    case Act::SiLU: return at::silu(z);
-    case Act::Hardswish: return at::hardswish(z);
-  }
-  TORCH_INTERNAL_ASSERT(false);
-}
-
-at::Tensor act_backward(const at::Tensor& grad, const at::Tensor& z, Act act, double param) {
-  switch (act) {
-    case Act::None: return grad;
-    case Act::ReLU: return at::threshold_backward(grad, z, 0);
-    case Act::ReLU6: return at::hardtanh_backward(grad, z, 0, 6);
-    case Act::LeakyReLU: return at::leaky_relu_backward(grad, z, param, false);
-    case Act::GELU: return at::gelu_backward(grad, z, "none");
-    case Act::GELUTanh: return at::gelu_backward(grad, z, "tanh");
-    case Act::SiLU: return at::silu_backward(grad, z);
-    case Act::Hardswish: return at::hardswish_backward(grad, z);
-  }
-  TORCH_INTERNAL_ASSERT(false);
-}
 
 // Per-channel (invstd, scale) such that bn(x) = (x - mean) * scale + bias. Subtracting the
 // mean first (rather than x * scale + shift) avoids cancellation when |mean| >> std.

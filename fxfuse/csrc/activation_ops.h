@@ -1,0 +1,106 @@
+// Activations as ATen calls, shared by the device-generic implementations of the
+// fused ops (bn_act, linear_act, conv_act), and the declarations of the GELU and
+// linear/conv + activation op family.
+//
+// The activation names and the Act enum are those of bn_act.h ("none", "relu",
+// "relu6", "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish"; act_param is
+// leaky_relu's negative_slope and ignored by the others). Each activation is the
+// ATen op that eager PyTorch runs for it (F.relu6 is hardtanh(z, 0, 6), ...), so
+// the fused ops compute exactly what the eager composition computes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <optional>
+#include <tuple>
+
+#include "bn_act.h"
+
+namespace fxfuse {
+
+// act(z), out of place.
+inline at::Tensor act_forward(const at::Tensor& z, Act act, double param) {
+  switch (act) {
+    case Act::None: return z;
+    case Act::ReLU: return at::relu(z);
+    case Act::ReLU6: return at::hardtanh(z, 0, 6);
+    case Act::LeakyReLU: return at::leaky_relu(z, param);
+    case Act::GELU: return at::gelu(z, "none");
+    case Act::GELUTanh: return at::gelu(z, "tanh");
+    case Act::SiLU: return at::silu(z);
+    case Act::Hardswish: return at::hardswish(z);
+  }
+  TORCH_INTERNAL_ASSERT(false, "fxfuse: unhandled activation");
+}
+
+// act(z) written over z; same values as act_forward. Only for a temporary that
+// nothing else refers to (e.g. a freshly computed pre-activation).
+inline at::Tensor act_forward_(at::Tensor& z, Act act, double param) {
+  switch (act) {
+    case Act::None: return z;
+    case Act::ReLU: return at::relu_(z);
+    case Act::ReLU6: return at::hardtanh_(z, 0, 6);
+    case Act::LeakyReLU: return at::leaky_relu_(z, param);
+    case Act::GELU: return at::gelu_(z, "none");
+    case Act::GELUTanh: return at::gelu_(z, "tanh");
+    case Act::SiLU: return at::silu_(z);
+    case Act::Hardswish: return at::hardswish_(z);
+  }
+  TORCH_INTERNAL_ASSERT(false, "fxfuse: unhandled activation");
+}
+
+// grad * act'(z), with z the pre-activation.
+inline at::Tensor act_backward(const at::Tensor& grad, const at::Tensor& z, Act act, double param) {
+  switch (act) {
+    case Act::None: return grad;
+    case Act::ReLU: return at::threshold_backward(grad, z, 0);
+    case Act::ReLU6: return at::hardtanh_backward(grad, z, 0, 6);
+    case Act::LeakyReLU: return at::leaky_relu_backward(grad, z, param, false);
+    case Act::GELU: return at::gelu_backward(grad, z, "none");
+    case Act::GELUTanh: return at::gelu_backward(grad, z, "tanh");
+    case Act::SiLU: return at::silu_backward(grad, z);
+    case Act::Hardswish: return at::hardswish_backward(grad, z);
+  }
+  TORCH_INTERNAL_ASSERT(false, "fxfuse: unhandled activation");
+}
+
+// ---- gelu / gelu_backward ----
+// Parses GELU's `approximate` argument: false for "none" (erf form), true for
+// "tanh". Anything else raises the RuntimeError that at::gelu raises.
+bool gelu_is_tanh(c10::string_view approximate, const char* op);
+
+// Device-generic implementations (generic/gelu.cpp).
+at::Tensor gelu_generic(const at::Tensor& self, c10::string_view approximate);
+at::Tensor gelu_backward_generic(
+    const at::Tensor& grad_output, const at::Tensor& self, c10::string_view approximate);
+
+// Hand-written CPU kernels (cpu/gelu_kernel.cpp).
+at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate);
+at::Tensor gelu_backward_cpu(
+    const at::Tensor& grad_output, const at::Tensor& self, c10::string_view approximate);
+
+// ---- linear_act / conv_act (generic/linear_conv_act.cpp) ----
+// act(linear(input, weight, bias)) and its backward, which recomputes linear(...).
+at::Tensor linear_act(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_act_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, c10::string_view act, double act_param,
+    std::array<bool, 3> output_mask);
+
+// act(conv2d(input, weight, bias, ...)) and its backward, which recomputes conv2d(...).
+at::Tensor conv_act(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    c10::string_view act, double act_param);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_act_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, int64_t groups, c10::string_view act, double act_param,
+    std::array<bool, 3> output_mask);
+
+}  // namespace fxfuse

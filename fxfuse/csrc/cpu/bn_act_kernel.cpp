@@ -1,0 +1,270 @@
+// Hand-written CPU kernels for bn_stats, bn_act and bn_act_backward.
+//
+// This file holds the operator entry points (validation, layout and dtype
+// routing, per-channel coefficients, the CPU dispatch-key registration) and the
+// DEFAULT-capability build of the kernel bodies; bn_act_kernel_avx2.cpp holds
+// the AVX2 build of the same bodies. See bn_act_kernel.h and
+// bn_act_kernel_impl.h for the design.
+//
+// Routing:
+//  * float / double, contiguous NCHW or channels_last: hand-written kernels;
+//  * any other dtype (half, bfloat16, ...) or layout: the device-generic ATen
+//    implementation (bn_act_generic & co.), which is the reference anyway;
+//  * empty inputs: the generic implementation too (it returns correctly shaped
+//    empty / NaN / zero results without touching data).
+//
+// Numerics follow bn_act_generic operation by operation (same invstd and scale,
+// z = (x - mean) * scale + bias rounded exactly as the generic path's separate
+// ATen ops, same derivative formulas), with all reductions in double.
+#define CPU_CAPABILITY DEFAULT
+#define CPU_CAPABILITY_DEFAULT
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Version.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../bn_act.h"
+#include "bn_act_kernel.h"
+#include "bn_act_kernel_impl.h"
+
+namespace fxfuse {
+namespace {
+
+void check_input(const at::Tensor& input, const char* op) {
+  TORCH_CHECK(
+      input.dim() == 4, "fxfuse::", op, ": expected a 4-D (N, C, H, W) input, got ",
+      input.dim(), "-D");
+  TORCH_CHECK(
+      at::isFloatingType(input.scalar_type()), "fxfuse::", op,
+      ": expected a floating-point input, got ", input.scalar_type());
+}
+
+void check_channel_vector(const at::Tensor& t, int64_t C, const char* op, const char* name) {
+  TORCH_CHECK(t.defined(), "fxfuse::", op, ": ", name, " must be defined");
+  TORCH_CHECK(
+      t.device().is_cpu(), "fxfuse::", op, ": expected ", name, " on the CPU, got ",
+      t.device());
+  TORCH_CHECK(
+      t.numel() == C, "fxfuse::", op, ": expected ", name, " to have ", C,
+      " elements (one per channel of the input), got shape ", t.sizes());
+}
+
+bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+void check_stats_args(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const char* op) {
+  const int64_t C = input.size(1);
+  check_channel_vector(mean, C, op, "mean");
+  check_channel_vector(var, C, op, "var");
+  if (has(weight)) check_channel_vector(*weight, C, op, "weight");
+  if (has(bias)) check_channel_vector(*bias, C, op, "bias");
+}
+
+// Whether to run the AVX2 build of the kernels: the CPU must have AVX2 and FMA,
+// and ATen's own CPU capability must be AVX2 or better (ATEN_CPU_CAPABILITY=default
+// lowers it, which also selects the baseline build here).
+bool use_avx2_kernels() {
+#if FXFUSE_HAVE_AVX2_KERNELS
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+    const std::string aten = at::get_cpu_capability();  // "NO AVX", "AVX2", "AVX512", ...
+    return aten == "AVX2" || aten == "AVX512";
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+const cpu::KernelTable<T>& kernel_table() {
+#if FXFUSE_HAVE_AVX2_KERNELS
+  if (use_avx2_kernels()) return cpu::AVX2::kernels<T>();
+#endif
+  return cpu::DEFAULT::kernels<T>();
+}
+
+bool fast_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kDouble; }
+
+// The layout the hand-written kernels see `t` in, and the memory format another
+// tensor must have to share it; nullopt for layouts they do not handle.
+std::optional<std::pair<cpu::Geometry, at::MemoryFormat>> geometry(const at::Tensor& t) {
+  const int64_t N = t.size(0), C = t.size(1), HW = t.size(2) * t.size(3);
+  if (t.is_contiguous()) {
+    // With H*W == 1, NCHW is also N rows of C channels: use the row kernels.
+    return std::make_pair(cpu::Geometry{N, C, HW, HW == 1}, at::MemoryFormat::Contiguous);
+  }
+  if (t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    return std::make_pair(cpu::Geometry{N, C, HW, true}, at::MemoryFormat::ChannelsLast);
+  }
+  return std::nullopt;
+}
+
+// Per-channel mean, invstd, scale, bias in dtype T, computed as bn_act_generic
+// does: invstd = rsqrt(var + eps), scale = invstd * weight (or invstd); the kernels
+// then form z = (x - mean) * scale + bias. k1/k2 are filled in by the backward.
+template <typename T>
+struct ChannelParams {
+  at::Tensor mean;  // contiguous, dtype T
+  std::vector<T> invstd, scale, bias, k1, k2;
+
+  cpu::Coeffs<T> coeffs() const {
+    return {mean.const_data_ptr<T>(), scale.data(), bias.data(), invstd.data(),
+            k1.empty() ? nullptr : k1.data(), k2.empty() ? nullptr : k2.data()};
+  }
+};
+
+template <typename T>
+ChannelParams<T> channel_params(
+    const at::Tensor& mean, const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  const auto dt = c10::CppTypeToScalarType<T>::value;
+  const int64_t C = mean.numel();
+  ChannelParams<T> cp;
+  cp.mean = mean.to(dt).contiguous();
+  const at::Tensor v = var.to(dt).contiguous();
+  at::Tensor w, b;
+  if (has(weight)) w = weight->to(dt).contiguous();
+  if (has(bias)) b = bias->to(dt).contiguous();
+  const T* vp = v.const_data_ptr<T>();
+  const T* wp = w.defined() ? w.const_data_ptr<T>() : nullptr;
+  const T* bp = b.defined() ? b.const_data_ptr<T>() : nullptr;
+  cp.invstd.resize(C);
+  cp.scale.resize(C);
+  cp.bias.assign(C, T(0));
+  const T teps = static_cast<T>(eps);
+  for (int64_t c = 0; c < C; ++c) {
+    const T invstd = T(1) / std::sqrt(vp[c] + teps);
+    cp.invstd[c] = invstd;
+    cp.scale[c] = wp ? invstd * wp[c] : invstd;
+    if (bp) cp.bias[c] = bp[c];
+  }
+  return cp;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> bn_stats_cpu(const at::Tensor& input) {
+  check_input(input, "bn_stats");
+  const auto geo = geometry(input);
+  if (!fast_dtype(input.scalar_type()) || !geo || input.numel() == 0) {
+    return bn_stats_generic(input);
+  }
+  const int64_t C = input.size(1);
+  at::Tensor mean = at::empty({C}, input.options());
+  at::Tensor var = at::empty({C}, input.options());
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "fxfuse::bn_stats_cpu", [&] {
+    kernel_table<scalar_t>().stats(
+        geo->first, input.const_data_ptr<scalar_t>(), mean.mutable_data_ptr<scalar_t>(),
+        var.mutable_data_ptr<scalar_t>());
+  });
+  return {mean, var};
+}
+
+at::Tensor bn_act_cpu(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    double eps, c10::string_view act, double act_param) {
+  check_input(input, "bn_act");
+  const Act a = parse_act(act);
+  check_stats_args(input, mean, var, weight, bias, "bn_act");
+  const auto geo = geometry(input);
+  if (!fast_dtype(input.scalar_type()) || !geo) {
+    return bn_act_generic(input, mean, var, weight, bias, eps, act, act_param);
+  }
+  at::Tensor out = at::empty_like(input);
+  if (input.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "fxfuse::bn_act_cpu", [&] {
+    const auto cp = channel_params<scalar_t>(mean, var, weight, bias, eps);
+    kernel_table<scalar_t>().forward(
+        geo->first, input.const_data_ptr<scalar_t>(), cp.coeffs(), a,
+        static_cast<scalar_t>(act_param), out.mutable_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 3> output_mask) {
+  check_input(input, "bn_act_backward");
+  const Act a = parse_act(act);
+  check_stats_args(input, mean, var, weight, bias, "bn_act_backward");
+  const auto geo = geometry(input);
+  if (!fast_dtype(input.scalar_type()) || !geo || input.numel() == 0 || !grad_out.defined() ||
+      !grad_out.device().is_cpu() || grad_out.sizes() != input.sizes()) {
+    return bn_act_backward_generic(
+        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+        output_mask);
+  }
+  const cpu::Geometry& g = geo->first;
+  // grad_out in the input's dtype and memory layout (no copy in the usual case).
+  const at::Tensor dy = grad_out.to(input.scalar_type()).contiguous(geo->second);
+
+  const bool has_weight = has(weight), has_bias = has(bias);
+  const bool need_sums = output_mask[1] || output_mask[2] || (output_mask[0] && batch_stats);
+  const int64_t C = input.size(1);
+  const int64_t M = input.numel() / C;
+
+  at::Tensor grad_input, grad_weight, grad_bias;
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "fxfuse::bn_act_backward_cpu", [&] {
+    using T = scalar_t;
+    const auto& kt = kernel_table<T>();
+    auto cp = channel_params<T>(mean, var, weight, bias, eps);
+    const T* xp = input.const_data_ptr<T>();
+    const T* dyp = dy.const_data_ptr<T>();
+    const T param = static_cast<T>(act_param);
+
+    // sum_g and sum_gx = sum(g * xhat), rounded to T as the generic path has them.
+    std::vector<T> sum_g(C, T(0)), sum_gx(C, T(0));
+    if (need_sums) {
+      std::vector<double> sg(C), sgxm(C);
+      kt.backward_reduce(g, dyp, xp, cp.coeffs(), a, param, sg.data(), sgxm.data());
+      for (int64_t c = 0; c < C; ++c) {
+        sum_g[c] = static_cast<T>(sg[c]);
+        sum_gx[c] = static_cast<T>(sgxm[c] * static_cast<double>(cp.invstd[c]));
+      }
+    }
+    if (output_mask[0]) {
+      grad_input = at::empty_like(input);
+      if (batch_stats) {
+        const T m = static_cast<T>(static_cast<double>(M));
+        cp.k1.resize(C);
+        cp.k2.resize(C);
+        for (int64_t c = 0; c < C; ++c) {
+          cp.k1[c] = sum_g[c] / m;
+          cp.k2[c] = sum_gx[c] / m;
+        }
+      }
+      kt.backward_input(
+          g, dyp, xp, cp.coeffs(), batch_stats, a, param, grad_input.mutable_data_ptr<T>());
+    }
+    auto to_tensor = [&](const std::vector<T>& v, at::ScalarType dtype) {
+      at::Tensor t = at::empty({C}, input.options());
+      std::copy(v.begin(), v.end(), t.mutable_data_ptr<T>());
+      return t.to(dtype);
+    };
+    if (output_mask[1] && has_weight) grad_weight = to_tensor(sum_gx, weight->scalar_type());
+    if (output_mask[2] && has_bias) grad_bias = to_tensor(sum_g, bias->scalar_type());
+  });
+  return {grad_input, grad_weight, grad_bias};
+}
+
+TORCH_LIBRARY_IMPL(fxfuse, CPU, m) {
+  m.impl("bn_stats", &bn_stats_cpu);
+  m.impl("bn_act", &bn_act_cpu);
+  m.impl("bn_act_backward", &bn_act_backward_cpu);
+}
+
+}  // namespace fxfuse

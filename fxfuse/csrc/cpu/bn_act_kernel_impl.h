@@ -1,0 +1,617 @@
+// Vectorized, multi-threaded CPU kernel bodies for bn_stats / bn_act /
+// bn_act_backward. Compiled once per CPU capability: include this header from
+// exactly one translation unit per capability, with CPU_CAPABILITY defined to
+// that capability's name (DEFAULT or AVX2) and, for AVX2, CPU_CAPABILITY_AVX2
+// and a matching target ISA. Everything is placed in namespace
+// fxfuse::cpu::CPU_CAPABILITY (helpers in an anonymous namespace inside it), so
+// the two builds never share a symbol.
+//
+// Layouts (see Geometry):
+//  * NCHW: each (n, c) plane is HW contiguous elements; the per-channel scalars
+//    are broadcast and the loops vectorize along HW. Reductions are threaded
+//    over channels, elementwise passes over planes.
+//  * NHWC: N*HW rows of C contiguous elements; the loops vectorize along C with
+//    per-channel coefficient vectors. To keep small C vectorized, a "segment" of
+//    R whole rows (R*C >= kTileElems) is processed as one flat run against
+//    coefficient arrays tiled R times. Reductions give each thread a chunk of
+//    rows and its own (tiled) double accumulators, folded together at the end
+//    in a fixed order (deterministic results).
+// Remainders use partial (masked) vector loads/stores, with the unused lanes
+// blended to zero before they reach an accumulator (bn_stats: scalar remainders).
+//
+// Passes over memory: bn_stats 1, bn_act 1, bn_act_backward 2 (per-channel sums,
+// then grad_input); g = dy * act'(z) is recomputed in each backward pass from dy
+// and x, never stored.
+//
+// Accuracy: all reductions accumulate in double. bn_stats sums x - K and
+// (x - K)^2 with a per-channel shift K (the channel's first element), which
+// keeps the variance accurate even when |mean| >> std.
+#pragma once
+
+#ifndef CPU_CAPABILITY
+#error "bn_act_kernel_impl.h must be included with CPU_CAPABILITY defined"
+#endif
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "activation.h"
+#include "bn_act_kernel.h"
+
+#if defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace fxfuse::cpu::CPU_CAPABILITY {
+namespace {
+
+using at::vec::Vectorized;
+using DVec = Vectorized<double>;
+
+// Elements per parallel task below which work is not split (ATen's GRAIN_SIZE).
+constexpr int64_t kGrain = 32768;
+// Minimum length of a flat NHWC segment (whole rows) processed in one run.
+constexpr int64_t kTileElems = 256;
+
+inline int64_t divup(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Number of DVec needed to hold one Vectorized<T> widened to double.
+template <typename T>
+constexpr int kWide = static_cast<int>(Vectorized<T>::size() / DVec::size());
+
+static_assert(kWide<double> == 1, "unexpected Vectorized<double> width");
+static_assert(kWide<float> == 2, "unexpected Vectorized<float> width");
+
+inline void widen(const Vectorized<double>& v, DVec* out) { out[0] = v; }
+
+inline void widen(const Vectorized<float>& v, DVec* out) {
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m256 f = v;
+  out[0] = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+  out[1] = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+#else
+  __at_align__ float f[Vectorized<float>::size()];
+  __at_align__ double d[Vectorized<float>::size()];
+  v.store(f);
+  for (int64_t i = 0; i < Vectorized<float>::size(); ++i) d[i] = static_cast<double>(f[i]);
+  out[0] = DVec::loadu(d);
+  out[1] = DVec::loadu(d + DVec::size());
+#endif
+}
+
+inline double hsum(const DVec& v) {
+  __at_align__ double d[DVec::size()];
+  v.store(d);
+  double s = 0;
+  for (int64_t i = 0; i < DVec::size(); ++i) s += d[i];
+  return s;
+}
+
+// Accumulator for a stream of Vectorized<T>, summed in double. Float input is
+// first summed in a float vector over short blocks (kFlush vectors per lane),
+// which keeps the hot loop to one add and a few registers; the blocks are added
+// up in double.
+template <typename T>
+struct DAcc {
+  DVec a = DVec(0.0);
+  void add(const Vectorized<T>& v) { a = a + v; }
+  double sum() const { return hsum(a); }
+};
+
+template <>
+struct DAcc<float> {
+  static constexpr int kFlush = 32;
+  DVec a[2] = {DVec(0.0), DVec(0.0)};
+  Vectorized<float> f = Vectorized<float>(0.0f);
+  int n = 0;
+  void add(const Vectorized<float>& v) {
+    f = f + v;
+    if (++n == kFlush) flush();
+  }
+  void flush() {
+    DVec w[2];
+    widen(f, w);
+    a[0] = a[0] + w[0];
+    a[1] = a[1] + w[1];
+    f = Vectorized<float>(0.0f);
+    n = 0;
+  }
+  double sum() {
+    flush();
+    return hsum(a[0] + a[1]);
+  }
+};
+
+// Adds a Vectorized<T> (widened) to a double array in memory.
+template <typename T>
+inline void add_to(double* acc, const Vectorized<T>& v) {
+  DVec w[kWide<T>];
+  widen(v, w);
+  for (int k = 0; k < kWide<T>; ++k) {
+    double* p = acc + k * DVec::size();
+    (DVec::loadu(p) + w[k]).store(p);
+  }
+}
+
+// Rounding barriers. The AVX2 build could otherwise fuse a multiply with a later
+// add or subtract into an FMA (setup.py passes -ffp-contract=off, but the kernels
+// do not rely on it):
+//  * z = rounded(x - mean) * scale) + bias rounds exactly like the generic path's
+//    separate ATen ops, so branch points of the activations (relu's z <= 0,
+//    hardswish's +-3, ...) fall the same way;
+//  * g = rounded(dy * act'(z)) is bitwise the same in both backward passes, so
+//    g - sum_g / M is exactly 0 where it should be (e.g. a single element per channel).
+// (The baseline x86-64 build has no FMA to fuse into.)
+inline Vectorized<float> rounded(const Vectorized<float>& v) {
+#if defined(CPU_CAPABILITY_AVX2) && defined(__GNUC__)
+  __m256 r = v;
+  __asm__("" : "+x"(r));
+  return r;
+#else
+  return v;
+#endif
+}
+
+inline Vectorized<double> rounded(const Vectorized<double>& v) {
+#if defined(CPU_CAPABILITY_AVX2) && defined(__GNUC__)
+  __m256d r = v;
+  __asm__("" : "+x"(r));
+  return r;
+#else
+  return v;
+#endif
+}
+
+template <typename T>
+inline Vectorized<T> mul_rounded(const Vectorized<T>& a, const Vectorized<T>& b) {
+  return rounded(a * b);
+}
+
+// ----------------------------------------------------------------------------
+// Row segmentation for NHWC: R rows per segment and tiled per-channel arrays.
+
+inline int64_t tile_rows(int64_t C) { return std::max<int64_t>(1, divup(kTileElems, C)); }
+
+template <typename T>
+std::vector<T> tiled(const T* v, int64_t C, int64_t R) {
+  std::vector<T> t(static_cast<size_t>(R * C));
+  for (int64_t r = 0; r < R; ++r) std::copy(v, v + C, t.begin() + r * C);
+  return t;
+}
+
+// Splits `rows` rows into at most num_threads chunks of at least ~kGrain
+// elements; calls f(chunk, row_begin, row_end) in parallel.
+template <typename F>
+int64_t for_row_chunks(int64_t rows, int64_t C, const F& f) {
+  const int64_t total = rows * C;
+  const int64_t nchunks = std::max<int64_t>(
+      1, std::min<int64_t>(at::get_num_threads(), total / kGrain));
+  const int64_t per = divup(rows, nchunks);
+  at::parallel_for(0, nchunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t ch = b; ch < e; ++ch) {
+      const int64_t r0 = ch * per;
+      const int64_t r1 = std::min(rows, r0 + per);
+      if (r0 < r1) f(ch, r0, r1);
+    }
+  });
+  return nchunks;
+}
+
+// ----------------------------------------------------------------------------
+// bn_stats
+
+template <typename T>
+inline void finish_stats(double K, double s1, double s2, int64_t M, T* mean, T* var) {
+  const double m = static_cast<double>(M);
+  const double d = s1 / m;
+  double v = (s2 - s1 * d) / m;
+  if (v < 0) v = 0;  // rounding only; keeps NaN
+  *mean = static_cast<T>(K + d);
+  *var = static_cast<T>(v);
+}
+
+template <typename T>
+void stats_nchw(const Geometry& g, const T* x, T* mean, T* var) {
+  using Vec = Vectorized<T>;
+  constexpr int64_t VS = Vec::size();
+  const int64_t N = g.N, C = g.C, HW = g.HW, M = N * HW;
+  at::parallel_for(0, C, std::max<int64_t>(1, kGrain / M), [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      const T K = x[c * HW];
+      const Vec Kv(K);
+      const DVec Kd(static_cast<double>(K));
+      DVec s1[kWide<T>], s2[kWide<T>];
+      for (int k = 0; k < kWide<T>; ++k) s1[k] = s2[k] = DVec(0.0);
+      for (int64_t n = 0; n < N; ++n) {
+        const T* p = x + (n * C + c) * HW;
+        int64_t i = 0;
+        DVec w[kWide<T>];
+        for (; i + VS <= HW; i += VS) {
+          widen(Vec::loadu(p + i), w);
+          for (int k = 0; k < kWide<T>; ++k) {
+            const DVec d = w[k] - Kd;
+            s1[k] = s1[k] + d;
+            s2[k] = at::vec::fmadd(d, d, s2[k]);
+          }
+        }
+        if (i < HW) {
+          const int64_t r = HW - i;
+          // unused lanes hold K, i.e. contribute 0
+          widen(Vec::set(Kv, Vec::loadu(p + i, r), r), w);
+          for (int k = 0; k < kWide<T>; ++k) {
+            const DVec d = w[k] - Kd;
+            s1[k] = s1[k] + d;
+            s2[k] = at::vec::fmadd(d, d, s2[k]);
+          }
+        }
+      }
+      for (int k = 1; k < kWide<T>; ++k) {
+        s1[0] = s1[0] + s1[k];
+        s2[0] = s2[0] + s2[k];
+      }
+      finish_stats(static_cast<double>(K), hsum(s1[0]), hsum(s2[0]), M, mean + c, var + c);
+    }
+  });
+}
+
+template <typename T>
+void stats_nhwc(const Geometry& g, const T* x, T* mean, T* var) {
+  using Vec = Vectorized<T>;
+  constexpr int64_t VS = Vec::size();
+  const int64_t C = g.C, rows = g.N * g.HW;
+  const int64_t R = tile_rows(C), L = R * C;
+  // Shift: the first row, tiled R times.
+  std::vector<double> Kdt(static_cast<size_t>(L));
+  for (int64_t j = 0; j < L; ++j) Kdt[j] = static_cast<double>(x[j % C]);
+  const int64_t max_chunks = std::max<int64_t>(1, at::get_num_threads());
+  std::vector<double> buf(static_cast<size_t>(max_chunks * 2 * L), 0.0);
+  const int64_t nchunks = for_row_chunks(rows, C, [&](int64_t ch, int64_t r0, int64_t r1) {
+    double* s1 = buf.data() + ch * 2 * L;
+    double* s2 = s1 + L;
+    const double* Kd = Kdt.data();
+    for (int64_t r = r0; r < r1; r += R) {
+      const int64_t len = std::min(R, r1 - r) * C;
+      const T* p = x + r * C;
+      int64_t j = 0;
+      DVec w[kWide<T>];
+      for (; j + VS <= len; j += VS) {
+        widen(Vec::loadu(p + j), w);
+        for (int k = 0; k < kWide<T>; ++k) {
+          const int64_t o = j + k * DVec::size();
+          const DVec d = w[k] - DVec::loadu(Kd + o);
+          (DVec::loadu(s1 + o) + d).store(s1 + o);
+          at::vec::fmadd(d, d, DVec::loadu(s2 + o)).store(s2 + o);
+        }
+      }
+      for (; j < len; ++j) {
+        const double d = static_cast<double>(p[j]) - Kd[j];
+        s1[j] += d;
+        s2[j] += d * d;
+      }
+    }
+  });
+  TORCH_INTERNAL_ASSERT(nchunks <= max_chunks);
+  for (int64_t c = 0; c < C; ++c) {
+    double s1 = 0, s2 = 0;
+    for (int64_t ch = 0; ch < nchunks; ++ch) {
+      const double* b = buf.data() + ch * 2 * L;
+      for (int64_t r = 0; r < R; ++r) {
+        s1 += b[r * C + c];
+        s2 += b[L + r * C + c];
+      }
+    }
+    finish_stats(Kdt[c], s1, s2, rows, mean + c, var + c);
+  }
+}
+
+template <typename T>
+void stats_kernel(const Geometry& g, const T* x, T* mean, T* var) {
+  if (g.nhwc) {
+    stats_nhwc(g, x, mean, var);
+  } else {
+    stats_nchw(g, x, mean, var);
+  }
+}
+
+// ----------------------------------------------------------------------------
+// bn_act forward
+
+template <Act A, typename T>
+void forward_impl(const Geometry& g, const T* x, const Coeffs<T>& cf, T param, T* out) {
+  using Vec = Vectorized<T>;
+  using Op = ActOp<A, T>;
+  constexpr int64_t VS = Vec::size();
+  if (!g.nhwc) {
+    const int64_t C = g.C, HW = g.HW;
+    at::parallel_for(0, g.N * C, std::max<int64_t>(1, kGrain / HW), [&](int64_t b, int64_t e) {
+      for (int64_t pl = b; pl < e; ++pl) {
+        const int64_t c = pl % C;
+        const Vec mu(cf.mean[c]), sc(cf.scale[c]), bi(cf.bias[c]);
+        const T* p = x + pl * HW;
+        T* o = out + pl * HW;
+        int64_t i = 0;
+        for (; i + VS <= HW; i += VS) {
+          Op::fwd(mul_rounded(Vec::loadu(p + i) - mu, sc) + bi, param).store(o + i);
+        }
+        if (i < HW) {
+          const int64_t r = HW - i;
+          Op::fwd(mul_rounded(Vec::loadu(p + i, r) - mu, sc) + bi, param).store(o + i, r);
+        }
+      }
+    });
+  } else {
+    const int64_t C = g.C, rows = g.N * g.HW;
+    const int64_t R = tile_rows(C);
+    const std::vector<T> mut = tiled(cf.mean, C, R), sct = tiled(cf.scale, C, R),
+                         bit = tiled(cf.bias, C, R);
+    const int64_t nseg = divup(rows, R);
+    at::parallel_for(0, nseg, std::max<int64_t>(1, kGrain / (R * C)), [&](int64_t b, int64_t e) {
+      for (int64_t s = b; s < e; ++s) {
+        const int64_t r = s * R;
+        const int64_t len = std::min(R, rows - r) * C;
+        const T* p = x + r * C;
+        T* o = out + r * C;
+        int64_t j = 0;
+        for (; j + VS <= len; j += VS) {
+          const Vec z =
+              mul_rounded(Vec::loadu(p + j) - Vec::loadu(mut.data() + j), Vec::loadu(sct.data() + j)) +
+              Vec::loadu(bit.data() + j);
+          Op::fwd(z, param).store(o + j);
+        }
+        if (j < len) {
+          const int64_t n = len - j;
+          const Vec z = mul_rounded(
+                            Vec::loadu(p + j, n) - Vec::loadu(mut.data() + j, n),
+                            Vec::loadu(sct.data() + j, n)) +
+              Vec::loadu(bit.data() + j, n);
+          Op::fwd(z, param).store(o + j, n);
+        }
+      }
+    });
+  }
+}
+
+// ----------------------------------------------------------------------------
+// bn_act_backward, pass 1: per-channel sums of g and g * (x - mean)
+
+template <Act A, typename T>
+void backward_reduce_impl(
+    const Geometry& g, const T* dy, const T* x, const Coeffs<T>& cf, T param, double* sum_g,
+    double* sum_gxm) {
+  using Vec = Vectorized<T>;
+  using Op = ActOp<A, T>;
+  constexpr int64_t VS = Vec::size();
+  const Vec zero(T(0));
+  if (!g.nhwc) {
+    const int64_t N = g.N, C = g.C, HW = g.HW;
+    at::parallel_for(0, C, std::max<int64_t>(1, kGrain / (N * HW)), [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c) {
+        const Vec mu(cf.mean[c]), sc(cf.scale[c]), bi(cf.bias[c]);
+        DAcc<T> ag, agx;
+        for (int64_t n = 0; n < N; ++n) {
+          const T* p = x + (n * C + c) * HW;
+          const T* q = dy + (n * C + c) * HW;
+          int64_t i = 0;
+          for (; i + VS <= HW; i += VS) {
+            const Vec xm = Vec::loadu(p + i) - mu;
+            const Vec gv = rounded(Op::bwd(Vec::loadu(q + i), mul_rounded(xm, sc) + bi, param));
+            ag.add(gv);
+            agx.add(gv * xm);
+          }
+          if (i < HW) {
+            const int64_t r = HW - i;
+            const Vec xm = Vec::loadu(p + i, r) - mu;
+            const Vec gv = rounded(Op::bwd(Vec::loadu(q + i, r), mul_rounded(xm, sc) + bi, param));
+            // lanes past the end must not reach the sums
+            ag.add(Vec::set(zero, gv, r));
+            agx.add(Vec::set(zero, gv * xm, r));
+          }
+        }
+        sum_g[c] = ag.sum();
+        sum_gxm[c] = agx.sum();
+      }
+    });
+  } else {
+    const int64_t C = g.C, rows = g.N * g.HW;
+    const int64_t R = tile_rows(C), L = R * C;
+    const std::vector<T> mut = tiled(cf.mean, C, R), sct = tiled(cf.scale, C, R),
+                         bit = tiled(cf.bias, C, R);
+    const int64_t max_chunks = std::max<int64_t>(1, at::get_num_threads());
+    std::vector<double> buf(static_cast<size_t>(max_chunks * 2 * L), 0.0);
+    const int64_t nchunks = for_row_chunks(rows, C, [&](int64_t ch, int64_t r0, int64_t r1) {
+      double* ag = buf.data() + ch * 2 * L;
+      double* agx = ag + L;
+      for (int64_t r = r0; r < r1; r += R) {
+        const int64_t len = std::min(R, r1 - r) * C;
+        const T* p = x + r * C;
+        const T* q = dy + r * C;
+        int64_t j = 0;
+        for (; j + VS <= len; j += VS) {
+          const Vec xm = Vec::loadu(p + j) - Vec::loadu(mut.data() + j);
+          const Vec z = mul_rounded(xm, Vec::loadu(sct.data() + j)) + Vec::loadu(bit.data() + j);
+          const Vec gv = rounded(Op::bwd(Vec::loadu(q + j), z, param));
+          add_to(ag + j, gv);
+          add_to(agx + j, gv * xm);
+        }
+        if (j < len) {
+          // The last vector may reach past the L accumulator slots: add lane by lane.
+          const int64_t n = len - j;
+          const Vec xm = Vec::loadu(p + j, n) - Vec::loadu(mut.data() + j, n);
+          const Vec z = mul_rounded(xm, Vec::loadu(sct.data() + j, n)) + Vec::loadu(bit.data() + j, n);
+          const Vec gv = rounded(Op::bwd(Vec::loadu(q + j, n), z, param));
+          __at_align__ T gb[VS], gxb[VS];
+          gv.store(gb);
+          (gv * xm).store(gxb);
+          for (int64_t k = 0; k < n; ++k) {
+            ag[j + k] += static_cast<double>(gb[k]);
+            agx[j + k] += static_cast<double>(gxb[k]);
+          }
+        }
+      }
+    });
+    TORCH_INTERNAL_ASSERT(nchunks <= max_chunks);
+    for (int64_t c = 0; c < C; ++c) {
+      double sg = 0, sgx = 0;
+      for (int64_t ch = 0; ch < nchunks; ++ch) {
+        const double* b = buf.data() + ch * 2 * L;
+        for (int64_t r = 0; r < R; ++r) {
+          sg += b[r * C + c];
+          sgx += b[L + r * C + c];
+        }
+      }
+      sum_g[c] = sg;
+      sum_gxm[c] = sgx;
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// bn_act_backward, pass 2: grad_input
+
+template <typename T>
+struct ChannelVecs {
+  Vectorized<T> mu, sc, bi, is, k1, k2;
+};
+
+template <Act A, bool kBatchStats, typename T>
+inline Vectorized<T> grad_input_vec(
+    const Vectorized<T>& dyv, const Vectorized<T>& xv, const ChannelVecs<T>& v, T param) {
+  const Vectorized<T> xm = xv - v.mu;
+  const Vectorized<T> gv = rounded(ActOp<A, T>::bwd(dyv, mul_rounded(xm, v.sc) + v.bi, param));
+  if constexpr (kBatchStats) {
+    return ((gv - v.k1) - (xm * v.is) * v.k2) * v.sc;
+  } else {
+    return gv * v.sc;
+  }
+}
+
+template <Act A, bool kBatchStats, typename T>
+void backward_input_impl(
+    const Geometry& g, const T* dy, const T* x, const Coeffs<T>& cf, T param, T* gi) {
+  using Vec = Vectorized<T>;
+  constexpr int64_t VS = Vec::size();
+  if (!g.nhwc) {
+    const int64_t C = g.C, HW = g.HW;
+    at::parallel_for(0, g.N * C, std::max<int64_t>(1, kGrain / HW), [&](int64_t b, int64_t e) {
+      for (int64_t pl = b; pl < e; ++pl) {
+        const int64_t c = pl % C;
+        ChannelVecs<T> v{Vec(cf.mean[c]), Vec(cf.scale[c]), Vec(cf.bias[c]), Vec(T(0)), Vec(T(0)), Vec(T(0))};
+        if (kBatchStats) {
+          v.is = Vec(cf.invstd[c]);
+          v.k1 = Vec(cf.k1[c]);
+          v.k2 = Vec(cf.k2[c]);
+        }
+        const T* p = x + pl * HW;
+        const T* q = dy + pl * HW;
+        T* o = gi + pl * HW;
+        int64_t i = 0;
+        for (; i + VS <= HW; i += VS) {
+          grad_input_vec<A, kBatchStats>(Vec::loadu(q + i), Vec::loadu(p + i), v, param).store(o + i);
+        }
+        if (i < HW) {
+          const int64_t r = HW - i;
+          grad_input_vec<A, kBatchStats>(Vec::loadu(q + i, r), Vec::loadu(p + i, r), v, param)
+              .store(o + i, r);
+        }
+      }
+    });
+  } else {
+    const int64_t C = g.C, rows = g.N * g.HW;
+    const int64_t R = tile_rows(C);
+    const std::vector<T> mut = tiled(cf.mean, C, R), sct = tiled(cf.scale, C, R),
+                         bit = tiled(cf.bias, C, R);
+    std::vector<T> ist, k1t, k2t;
+    if (kBatchStats) {
+      ist = tiled(cf.invstd, C, R);
+      k1t = tiled(cf.k1, C, R);
+      k2t = tiled(cf.k2, C, R);
+    }
+    const int64_t nseg = divup(rows, R);
+    at::parallel_for(0, nseg, std::max<int64_t>(1, kGrain / (R * C)), [&](int64_t b, int64_t e) {
+      for (int64_t s = b; s < e; ++s) {
+        const int64_t r = s * R;
+        const int64_t len = std::min(R, rows - r) * C;
+        const T* p = x + r * C;
+        const T* q = dy + r * C;
+        T* o = gi + r * C;
+        for (int64_t j = 0; j < len; j += VS) {
+          const int64_t n = std::min<int64_t>(VS, len - j);
+          ChannelVecs<T> v{
+              Vec::loadu(mut.data() + j, n), Vec::loadu(sct.data() + j, n),
+              Vec::loadu(bit.data() + j, n), Vec(T(0)), Vec(T(0)), Vec(T(0))};
+          if (kBatchStats) {
+            v.is = Vec::loadu(ist.data() + j, n);
+            v.k1 = Vec::loadu(k1t.data() + j, n);
+            v.k2 = Vec::loadu(k2t.data() + j, n);
+          }
+          grad_input_vec<A, kBatchStats>(Vec::loadu(q + j, n), Vec::loadu(p + j, n), v, param)
+              .store(o + j, n);
+        }
+      }
+    });
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Activation dispatch
+
+template <typename T, typename F>
+void with_act(Act act, const F& f) {
+  switch (act) {
+    case Act::None: return f(std::integral_constant<Act, Act::None>{});
+    case Act::ReLU: return f(std::integral_constant<Act, Act::ReLU>{});
+    case Act::ReLU6: return f(std::integral_constant<Act, Act::ReLU6>{});
+    case Act::LeakyReLU: return f(std::integral_constant<Act, Act::LeakyReLU>{});
+    case Act::GELU: return f(std::integral_constant<Act, Act::GELU>{});
+    case Act::GELUTanh: return f(std::integral_constant<Act, Act::GELUTanh>{});
+    case Act::SiLU: return f(std::integral_constant<Act, Act::SiLU>{});
+    case Act::Hardswish: return f(std::integral_constant<Act, Act::Hardswish>{});
+  }
+  TORCH_INTERNAL_ASSERT(false, "fxfuse: unhandled activation");
+}
+
+template <typename T>
+void forward_kernel(const Geometry& g, const T* x, const Coeffs<T>& cf, Act act, T param, T* out) {
+  with_act<T>(act, [&](auto a) { forward_impl<decltype(a)::value>(g, x, cf, param, out); });
+}
+
+template <typename T>
+void backward_reduce_kernel(
+    const Geometry& g, const T* dy, const T* x, const Coeffs<T>& cf, Act act, T param,
+    double* sum_g, double* sum_gxm) {
+  with_act<T>(act, [&](auto a) {
+    backward_reduce_impl<decltype(a)::value>(g, dy, x, cf, param, sum_g, sum_gxm);
+  });
+}
+
+template <typename T>
+void backward_input_kernel(
+    const Geometry& g, const T* dy, const T* x, const Coeffs<T>& cf, bool batch_stats, Act act,
+    T param, T* gi) {
+  with_act<T>(act, [&](auto a) {
+    if (batch_stats) {
+      backward_input_impl<decltype(a)::value, true>(g, dy, x, cf, param, gi);
+    } else {
+      backward_input_impl<decltype(a)::value, false>(g, dy, x, cf, param, gi);
+    }
+  });
+}
+
+}  // namespace
+
+template <typename T>
+const KernelTable<T>& kernels() {
+  static const KernelTable<T> table{
+      &stats_kernel<T>, &forward_kernel<T>, &backward_reduce_kernel<T>,
+      &backward_input_kernel<T>};
+  return table;
+}
+
+template const KernelTable<float>& kernels<float>();
+template const KernelTable<double>& kernels<double>();
+
+}  // namespace fxfuse::cpu::CPU_CAPABILITY

@@ -1,0 +1,139 @@
+// Linear -> activation and Conv2d -> activation that keep only the layer's input
+// (and parameters) for backward. The backward ops recompute the pre-activation
+// y = linear(x) / conv2d(x), take the gradient through the activation, then run
+// the layer's backward. Built from ATen calls only (the matmul / convolution
+// dominates), registered as CompositeExplicitAutograd: one implementation for
+// every device.
+//
+// Forward computes exactly act(F.linear(...)) / act(F.conv2d(...)): the same ATen
+// layer op, then the same ATen activation, applied in place to the fresh layer
+// output (no second wide buffer). The result has the layer output's layout
+// (at::convolution's: channels_last in, channels_last out).
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../activation_ops.h"
+
+namespace fxfuse {
+namespace {
+
+bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+void check_linear_args(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const char* op) {
+  TORCH_CHECK(
+      input.dim() >= 1, "fxfuse::", op, ": expected an input with at least 1 dimension, got a ",
+      "0-D tensor");
+  TORCH_CHECK(
+      weight.dim() == 2, "fxfuse::", op,
+      ": expected a 2-D weight of shape (out_features, in_features), got shape ",
+      weight.sizes());
+  TORCH_CHECK(
+      input.size(-1) == weight.size(1), "fxfuse::", op,
+      ": expected the input's last dimension to equal in_features = weight.size(1) = ",
+      weight.size(1), ", got input of shape ", input.sizes());
+  if (has(bias)) {
+    TORCH_CHECK(
+        bias->dim() == 1 && bias->size(0) == weight.size(0), "fxfuse::", op,
+        ": expected a bias of shape [", weight.size(0), "] (out_features), got shape ",
+        bias->sizes());
+  }
+}
+
+at::Tensor conv(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  return at::convolution(
+      input, weight, bias, stride, padding, dilation, /*transposed=*/false,
+      /*output_padding=*/{0, 0}, groups);
+}
+
+void check_conv_args(const at::Tensor& input, const at::Tensor& weight, const char* op) {
+  TORCH_CHECK(
+      input.dim() == 4, "fxfuse::", op, ": expected a 4-D (N, C, H, W) input, got ",
+      input.dim(), "-D");
+  TORCH_CHECK(
+      weight.dim() == 4, "fxfuse::", op,
+      ": expected a 4-D (out_channels, in_channels / groups, kH, kW) weight, got ",
+      weight.dim(), "-D");
+}
+
+}  // namespace
+
+at::Tensor linear_act(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param) {
+  check_linear_args(input, weight, bias, "linear_act");
+  const Act a = parse_act(act);
+  at::Tensor y = at::linear(input, weight, bias);
+  return act_forward_(y, a, act_param);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_act_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, c10::string_view act, double act_param,
+    std::array<bool, 3> output_mask) {
+  check_linear_args(input, weight, bias, "linear_act_backward");
+  const Act a = parse_act(act);
+  const bool has_bias = has(bias);
+  if (!(output_mask[0] || output_mask[1] || (output_mask[2] && has_bias))) return {};
+  // Gradient w.r.t. the pre-activation y = linear(input), recomputed here: the
+  // one activation the forward did not keep.
+  const at::Tensor g = a == Act::None
+      ? grad_out
+      : act_backward(grad_out, at::linear(input, weight, bias), a, act_param);
+
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (output_mask[0]) grad_input = at::matmul(g, weight);
+  if (output_mask[1] || (output_mask[2] && has_bias)) {
+    // Leading dimensions flattened: g2 is (rows, out_features), x2 (rows, in_features).
+    const at::Tensor g2 = g.reshape({-1, weight.size(0)});
+    if (output_mask[1]) grad_weight = at::mm(g2.t(), input.reshape({-1, weight.size(1)}));
+    if (output_mask[2] && has_bias) grad_bias = g2.sum(0);
+  }
+  return {grad_input, grad_weight, grad_bias};
+}
+
+at::Tensor conv_act(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    c10::string_view act, double act_param) {
+  check_conv_args(input, weight, "conv_act");
+  const Act a = parse_act(act);
+  at::Tensor y = conv(input, weight, bias, stride, padding, dilation, groups);
+  return act_forward_(y, a, act_param);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_act_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, int64_t groups, c10::string_view act, double act_param,
+    std::array<bool, 3> output_mask) {
+  check_conv_args(input, weight, "conv_act_backward");
+  const Act a = parse_act(act);
+  const bool has_bias = has(bias);
+  if (!(output_mask[0] || output_mask[1] || (output_mask[2] && has_bias))) return {};
+  // Recompute the conv output: the one activation this op did not keep.
+  const at::Tensor grad_y = a == Act::None
+      ? grad_out
+      : act_backward(
+            grad_out, conv(input, weight, bias, stride, padding, dilation, groups), a, act_param);
+  std::vector<int64_t> bias_sizes;
+  if (has_bias) bias_sizes = bias->sizes().vec();
+  return at::convolution_backward(
+      grad_y, input, weight,
+      has_bias ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride,
+      padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups,
+      {output_mask[0], output_mask[1], output_mask[2] && has_bias});
+}
+
+TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
+  m.impl("linear_act", &linear_act);
+  m.impl("linear_act_backward", &linear_act_backward);
+  m.impl("conv_act", &conv_act);
+  m.impl("conv_act_backward", &conv_act_backward);
+}
+
+}  // namespace fxfuse
