@@ -45,4 +45,6 @@ def test_zoo_model_is_exact(name):
         model.classifier = torch.nn.Linear(512 * 7 * 7, 10)  # the 120M-parameter head has nothing to fuse
     optimized = fxfuse.optimize(copy.deepcopy(model))
     assert len(optimized.fxfuse_report.fused) >= min_fused, optimized.fxfuse_report
-    assert_equivalent(model, optimized, torch.randn(2, 3, size, size), dtype=torch.float64, steps=2)
+    # RegNet's grouped 2x2 last stage is the least well-conditioned at batch 2: give it 16 values per channel.
+    batch = 4 if name.startswith("regnet") else 2
+    assert_equivalent(model, optimized, torch.randn(batch, 3, size, size), dtype=torch.float64, steps=2)
