@@ -23,9 +23,10 @@
 // then grad_input); g = dy * act'(z) is recomputed in each backward pass from dy
 // and x, never stored.
 //
-// Accuracy: all reductions accumulate in double. bn_stats sums x - K and
-// (x - K)^2 with a per-channel shift K (the channel's first element), which
-// keeps the variance accurate even when |mean| >> std.
+// Accuracy: bn_stats converts to double and sums x - K and (x - K)^2 with a
+// per-channel shift K (the channel's first element), which keeps the variance
+// accurate even when |mean| >> std. The backward sums run in T over short blocks
+// (32 vectors per lane) whose partial sums are added up in double.
 #pragma once
 
 #ifndef CPU_CAPABILITY
@@ -126,21 +127,10 @@ struct DAcc<float> {
   }
 };
 
-// Adds a Vectorized<T> (widened) to a double array in memory.
-template <typename T>
-inline void add_to(double* acc, const Vectorized<T>& v) {
-  DVec w[kWide<T>];
-  widen(v, w);
-  for (int k = 0; k < kWide<T>; ++k) {
-    double* p = acc + k * DVec::size();
-    (DVec::loadu(p) + w[k]).store(p);
-  }
-}
-
 // Rounding barriers. The AVX2 build could otherwise fuse a multiply with a later
 // add or subtract into an FMA (setup.py passes -ffp-contract=off, but the kernels
 // do not rely on it):
-//  * z = rounded(x - mean) * scale) + bias rounds exactly like the generic path's
+//  * z = rounded((x - mean) * scale) + bias rounds exactly like the generic path's
 //    separate ATen ops, so branch points of the activations (relu's z <= 0,
 //    hardswish's +-3, ...) fall the same way;
 //  * g = rounded(dy * act'(z)) is bitwise the same in both backward passes, so
@@ -423,8 +413,21 @@ void backward_reduce_impl(
     const int64_t max_chunks = std::max<int64_t>(1, at::get_num_threads());
     std::vector<double> buf(static_cast<size_t>(max_chunks * 2 * L), 0.0);
     const int64_t nchunks = for_row_chunks(rows, C, [&](int64_t ch, int64_t r0, int64_t r1) {
-      double* ag = buf.data() + ch * 2 * L;
-      double* agx = ag + L;
+      // Per-segment sums go to T staging arrays, flushed into the chunk's double
+      // accumulators every kFlushSegments segments (cf. DAcc).
+      constexpr int kFlushSegments = 32;
+      double* acc = buf.data() + ch * 2 * L;
+      std::vector<T> stage(static_cast<size_t>(2 * L + VS), T(0));
+      T* ag = stage.data();
+      T* agx = ag + L;
+      int pending = 0;
+      auto flush = [&] {
+        for (int64_t k = 0; k < 2 * L; ++k) {
+          acc[k] += static_cast<double>(stage[k]);
+          stage[k] = T(0);
+        }
+        pending = 0;
+      };
       for (int64_t r = r0; r < r1; r += R) {
         const int64_t len = std::min(R, r1 - r) * C;
         const T* p = x + r * C;
@@ -434,8 +437,8 @@ void backward_reduce_impl(
           const Vec xm = Vec::loadu(p + j) - Vec::loadu(mut.data() + j);
           const Vec z = mul_rounded(xm, Vec::loadu(sct.data() + j)) + Vec::loadu(bit.data() + j);
           const Vec gv = rounded(Op::bwd(Vec::loadu(q + j), z, param));
-          add_to(ag + j, gv);
-          add_to(agx + j, gv * xm);
+          (Vec::loadu(ag + j) + gv).store(ag + j);
+          (Vec::loadu(agx + j) + gv * xm).store(agx + j);
         }
         if (j < len) {
           // The last vector may reach past the L accumulator slots: add lane by lane.
@@ -447,11 +450,13 @@ void backward_reduce_impl(
           gv.store(gb);
           (gv * xm).store(gxb);
           for (int64_t k = 0; k < n; ++k) {
-            ag[j + k] += static_cast<double>(gb[k]);
-            agx[j + k] += static_cast<double>(gxb[k]);
+            ag[j + k] += gb[k];
+            agx[j + k] += gxb[k];
           }
         }
+        if (++pending == kFlushSegments) flush();
       }
+      flush();
     });
     TORCH_INTERNAL_ASSERT(nchunks <= max_chunks);
     for (int64_t c = 0; c < C; ++c) {

@@ -5,20 +5,25 @@
 // the kernel bodies; gelu_kernel_avx2.cpp holds the AVX2 build. See
 // gelu_kernel.h and gelu_kernel_impl.h for the design.
 //
-// Routing:
-//  * float / double, any non-overlapping and dense layout (contiguous,
-//    channels_last, any permutation of them), with grad_output sharing the
-//    input's dtype, sizes and strides: the hand-written kernels, which see the
-//    data as a flat array;
-//  * anything else (half, bfloat16, strided views, broadcast grads, empty
-//    tensors, ...): the device-generic implementation, i.e. ATen's own kernel.
-// Outputs are allocated as ATen's TensorIterator allocates them for such an
-// input, so both paths (and the fake kernels, which run ATen's meta functions)
-// agree on strides.
+// Routing, for a float / double input in any non-overlapping and dense layout
+// (contiguous, channels_last, any permutation of them) with grad_output sharing
+// its dtype, sizes and strides; the data is processed as a flat array:
+//  * float32, erf form, oneDNN enabled: ATen's GELU over a flat (contiguous) view.
+//    That is oneDNN's JIT kernel, which F.gelu runs for contiguous float32 input
+//    and which is ~1.6x (forward) / ~2.7x (backward) faster than any formulation
+//    on at::vec's SLEEF functions; ATen uses it for contiguous input only, the
+//    flat view extends it to every dense layout;
+//  * otherwise (tanh form, float64, oneDNN disabled): the hand-written kernels,
+//    which return exactly what ATen's own GELU kernels return.
+// Anything else (half, bfloat16, strided views, broadcast or differently laid out
+// grads, empty tensors, ...) takes the device-generic implementation, i.e. ATen's
+// own GELU. Outputs are allocated as ATen's TensorIterator allocates them, so both
+// paths (and the fake kernels, which run ATen's meta functions) agree on strides.
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Version.h>
 #include <torch/library.h>
@@ -64,6 +69,16 @@ bool flat_ok(const at::Tensor& t) {
       !t.is_neg();
 }
 
+// Whether ATen runs oneDNN's GELU for a contiguous float32 input (erf form).
+bool onednn_gelu() {
+  return at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
+}
+
+// A dense tensor as the 1-D contiguous array of its numel() elements in memory order.
+at::Tensor flat(const at::Tensor& t) {
+  return t.as_strided({t.numel()}, {1});
+}
+
 // The output TensorIterator allocates for an elementwise op whose inputs all have
 // t's sizes and strides (its "fast setup"): contiguous, else channels_last(_3d),
 // else t's own (dense) strides.
@@ -83,6 +98,11 @@ at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate) {
   const bool tanh = gelu_is_tanh(approximate, "gelu");
   if (!flat_ok(self)) return gelu_generic(self, approximate);
   at::Tensor out = empty_elementwise_like(self);
+  if (self.scalar_type() == at::kFloat && !tanh && onednn_gelu()) {
+    at::Tensor out_flat = flat(out);
+    at::gelu_out(out_flat, flat(self), approximate);
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES(self.scalar_type(), "fxfuse::gelu_cpu", [&] {
     kernel_table<scalar_t>().forward(
         self.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), self.numel(), tanh);
@@ -100,6 +120,11 @@ at::Tensor gelu_backward_cpu(
     return gelu_backward_generic(grad_output, self, approximate);
   }
   at::Tensor grad_input = empty_elementwise_like(self);
+  if (self.scalar_type() == at::kFloat && !tanh && onednn_gelu()) {
+    at::Tensor grad_input_flat = flat(grad_input);
+    at::gelu_backward_out(grad_input_flat, flat(grad_output), flat(self), approximate);
+    return grad_input;
+  }
   AT_DISPATCH_FLOATING_TYPES(self.scalar_type(), "fxfuse::gelu_backward_cpu", [&] {
     kernel_table<scalar_t>().backward(
         grad_output.const_data_ptr<scalar_t>(), self.const_data_ptr<scalar_t>(),

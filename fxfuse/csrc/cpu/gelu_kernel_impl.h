@@ -22,9 +22,10 @@
 //    finishes its last < 2 vectors with the scalar formulas.
 // This matters for gelu_backward(approximate="tanh") in float32, where
 // 1 - tanh(u)^2 cancels: one ulp of tanh moves the result by up to ~5e-6, so "close
-// to ATen" is only reachable by computing what ATen computes. The exceptions are
-// contiguous float32 inputs with approximate="none", which ATen hands to oneDNN
-// (agreement to a few ulps), and CPUs where ATen runs its AVX512 kernels.
+// to ATen" is only reachable by computing what ATen computes. (On CPUs where ATen
+// runs its AVX512 kernels the agreement is to rounding, not bitwise.) Float32
+// erf-GELU reaches these bodies only with oneDNN disabled: the entry points
+// (gelu_kernel.cpp) otherwise run oneDNN's kernel, as ATen does.
 // Deliberately independent of activation.h, whose functors trade this exactness
 // for speed (inline exp/tanh).
 #pragma once

@@ -1,0 +1,74 @@
+"""Linear→GELU / Conv2d→GELU recompute fusion (mode="memory") and its interplay with the other passes."""
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import fxfuse
+from fxfuse import measure
+from fxfuse.testing import assert_equivalent
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from lenet5_gelu import LeNet5  # noqa: E402
+
+
+def _ops(model):
+    return sorted(s.op for s in model.fxfuse_report.fused)
+
+
+def test_lenet5_gelu_is_exact_and_saves_the_gelu_inputs():
+    model = LeNet5()
+    x = torch.randn(8, 1, 28, 28)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    assert _ops(optimized) == ["fxfuse::conv_act"] * 2 + ["fxfuse::linear_act"] * 2
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+    saved = measure.saved_activation_bytes(model, (x,)) - measure.saved_activation_bytes(optimized, (x,))
+    assert saved == optimized.fxfuse_report.saved_bytes
+
+
+class MLP(nn.Module):
+    def __init__(self, width=16, act=None):
+        super().__init__()
+        self.fc1 = nn.Linear(width, 4 * width)
+        self.act = act or nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
+@pytest.mark.parametrize("act", [nn.GELU(), nn.GELU(approximate="tanh"), nn.SiLU(), nn.Hardswish()])
+def test_transformer_mlp(act):
+    model = MLP(act=act)
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert _ops(optimized) == ["fxfuse::linear_act"]
+    assert_equivalent(model, optimized, torch.randn(2, 5, 16), dtype=torch.float64)
+
+
+def test_relu_and_inplace_activations_are_left_alone():
+    # Their eager backward keeps the output, which the next layer keeps anyway: nothing to save.
+    for act in (nn.ReLU(), nn.SiLU(inplace=True)):
+        assert fxfuse.explain(MLP(act=act)).fused == []
+
+
+def test_conv_bn_gelu_net_in_both_modes():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.GELU(), nn.Conv2d(8, 4, 1))
+    x = torch.randn(2, 3, 8, 8)
+    memory = fxfuse.optimize(copy.deepcopy(model))
+    fast = fxfuse.optimize(copy.deepcopy(model), mode="fast")
+    assert _ops(memory) == ["fxfuse::conv_act", "fxfuse::conv_bn_act"]
+    assert _ops(fast) == ["fxfuse::batch_norm_act"]  # fast mode never recomputes a conv
+    for optimized in (memory, fast):
+        assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_convnext_tiny_is_exact():
+    model = torchvision.models.convnext_tiny(num_classes=10)
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert _ops(optimized).count("fxfuse::linear_act") == 18  # every block's MLP
+    assert_equivalent(model, optimized, torch.randn(2, 3, 32, 32), dtype=torch.float64)
