@@ -13,7 +13,6 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-import torch
 from tabulate import tabulate
 from torch import nn
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-import torch.fx as fx
 from torch import nn
 
 from . import _extension, shapes, tracing
@@ -142,12 +141,17 @@ def _build_other_mode(root: nn.Module, state: _State) -> None:
             m.training = flag
 
 
-def _install(module: nn.Module, options: Options, example_inputs=None) -> _State:
-    state = _State(options, key_modules=[])
-    _build(module, state, example_inputs)
+def _attach(module: nn.Module, state: _State) -> None:
+    """Make `module` run its fused graphs: build the other train/eval mode too, swap the class."""
     _build_other_mode(module, state)
     module.__dict__[_STATE] = state
     module.__class__ = _fused_class(type(module))
+
+
+def _install(module: nn.Module, options: Options, example_inputs=None) -> _State:
+    state = _State(options, key_modules=[])
+    _build(module, state, example_inputs)
+    _attach(module, state)
     return state
 
 
@@ -180,7 +184,7 @@ def _optimize_tree(module: nn.Module, path: str, options: Options, example_input
         children = [(name, child) for name, child in module.named_children() if not _is_library_module(child)]
         report.notes.append(
             f"{path or type(module).__name__}: forward is not traceable ({type(exc).__name__}: "
-            f"{tracing._first_line(exc)}); optimizing its submodules instead"
+            f"{tracing.first_line(exc)}); optimizing its submodules instead"
             + ("" if children else " (it has none that fxfuse could trace)"))
         roots = 0
         for name, child in children:
@@ -193,9 +197,7 @@ def _optimize_tree(module: nn.Module, path: str, options: Options, example_input
     report.skipped.extend(merged.skipped)
     report.notes.extend(merged.notes)
     if install:
-        _build_other_mode(module, state)
-        module.__dict__[_STATE] = state
-        module.__class__ = _fused_class(type(module))
+        _attach(module, state)
     roots = 1
     # Leaves that could not be traced through may still hold traceable submodules.
     for leaf_path in leaf_failures:

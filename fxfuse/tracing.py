@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-import torch
 import torch.fx as fx
 from torch import nn
 
@@ -59,7 +58,7 @@ class FxFuseTracer(fx.Tracer):
             self.module_stack = module_stack
             self.num_calls = num_calls
             del self.traced_modules[n_traced:]
-            self.leaf_failures[path] = f"{type(exc).__name__}: {_first_line(exc)}"
+            self.leaf_failures[path] = f"{type(exc).__name__}: {first_line(exc)}"
             return super().call_module(m, forward, args, kwargs)
         if path not in self.traced_modules:
             self.traced_modules.append(path)
@@ -75,7 +74,7 @@ class FxFuseTracer(fx.Tracer):
             self.graph.erase_node(node)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 

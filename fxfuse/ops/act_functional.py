@@ -13,7 +13,7 @@ instead, so bad input raises exactly what eager raises.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F

@@ -5,8 +5,6 @@ import torch
 
 from . import fake_utils
 
-lib = "fxfuse"
-
 
 @torch.library.register_fake("fxfuse::bn_stats")
 def _bn_stats_fake(input):

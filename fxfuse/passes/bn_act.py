@@ -35,7 +35,7 @@ def run(ctx: PassContext) -> int:
         bn, problem = as_batch_norm(bn_node, ctx)
         if bn is None and problem is None:
             continue
-        act = activation_after(bn_node, ctx) if bn is not None else _any_activation(bn_node, ctx)
+        act = activation_after(bn_node, ctx)
         if act is None or act.activation.name == "none":
             continue
         names = (bn.name if bn else site_name(bn_node), site_name(act.node))
@@ -53,12 +53,3 @@ def run(ctx: PassContext) -> int:
         fused += 1
     return fused
 
-
-def _any_activation(bn_node: fx.Node, ctx: PassContext):
-    # For reporting only: an unfusable BN (e.g. SyncBatchNorm) followed by an activation.
-    from .matchers import activation_of
-    users = list(bn_node.users)
-    if len(users) == 1:
-        act = activation_of(users[0], ctx.modules)
-        return ActivationUse(act, users[0], False) if act else None
-    return None

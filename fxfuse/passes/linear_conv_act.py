@@ -20,7 +20,7 @@ from ..report import FusedSite, SkippedSite
 from . import estimates
 from .calls import activation_after, as_conv, pattern_name
 from .context import PassContext
-from .matchers import conv_module_problem, has_hooks, site_name
+from .matchers import has_hooks, site_name
 from .rewrite import replace_chain
 
 MODES = ("memory",)
