@@ -19,18 +19,46 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from . import _extension, shapes, tracing
+from . import _extension, measure, policy, shapes, tracing
 from .errors import ConfigurationError, TracingError
-from .passes import MODES, PassContext, run_passes  # noqa: F401  (MODES is re-exported)
+from .passes import PassContext, run_passes
 from .report import FusedSite, FusionReport, SkippedSite
 
 _STATE = "_fxfuse_state"
 
+# What users pass as mode=: the passes see "memory" or "fast" (Options.pass_mode).
+MODES = ("memory", "fast", "auto")
+
 
 @dataclass
 class Options:
-    mode: str = "memory"
+    mode: str = "memory"  # what the user asked for: "memory", "fast" or "auto"
     allowed: Optional[frozenset] = None  # sites a policy selected (None: all)
+    memory_budget: Optional[float] = None
+
+    @property
+    def pass_mode(self) -> str:
+        """The passes' mode: auto and budgets pick among the sites of mode="memory"."""
+        return "fast" if self.mode == "fast" else "memory"
+
+    def scoped(self, path: str) -> "Options":
+        """These options for the submodule at `path` (site names relative to it)."""
+        if self.allowed is None or not path:
+            return self
+        allowed = set()
+        for names in self.allowed:
+            inner = tuple(_unprefix(n, path) for n in names)
+            if all(n is not None for n in inner):
+                allowed.add(inner)
+        return Options(self.mode, frozenset(allowed), self.memory_budget)
+
+
+def _unprefix(name: str, path: str) -> Optional[str]:
+    if name.startswith(path + "."):
+        return name[len(path) + 1:]
+    if name.startswith(path + ":"):
+        return name[len(path):]
+    return None
 
 
 @dataclass
@@ -112,7 +140,7 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
             shape_map = shapes.propagate(root, traced.graph, example_inputs)
         except Exception as exc:  # noqa: BLE001 - estimates are optional
             report.notes.append(f"could not propagate shapes from the example inputs: {type(exc).__name__}: {exc}")
-    ctx = PassContext(traced.graph, root, state.options.mode, report, shape_map,
+    ctx = PassContext(traced.graph, root, state.options.pass_mode, report, shape_map,
                       set(state.options.allowed) if state.options.allowed is not None else None)
     run_passes(ctx)
     fn = tracing.compile_graph(traced.graph)
@@ -188,7 +216,8 @@ def _optimize_tree(module: nn.Module, path: str, options: Options, example_input
             + ("" if children else " (it has none that fxfuse could trace)"))
         roots = 0
         for name, child in children:
-            roots += _optimize_tree(child, f"{path}.{name}" if path else name, options, None, report, install)
+            roots += _optimize_tree(child, f"{path}.{name}" if path else name, options.scoped(name), None, report,
+                                    install)
         return roots
     sub = state.reports[_key(state)]
     leaf_failures = dict(state.last_leaf_failures)
@@ -205,7 +234,8 @@ def _optimize_tree(module: nn.Module, path: str, options: Options, example_input
         full = f"{path}.{leaf_path}" if path else leaf_path
         for name, child in leaf.named_children():
             if not _is_library_module(child):
-                roots += _optimize_tree(child, f"{full}.{name}", options, None, report, install)
+                roots += _optimize_tree(child, f"{full}.{name}", options.scoped(f"{leaf_path}.{name}"), None,
+                                        report, install)
     return roots
 
 
@@ -220,18 +250,32 @@ def _normalize_inputs(example_inputs) -> Optional[tuple]:
         f"example_inputs must be a tensor or a tuple of forward() arguments, got {type(example_inputs).__name__}")
 
 
-def _check(model, mode: str) -> None:
+def _check(model, mode: str, memory_budget, example_inputs) -> None:
     if not isinstance(model, nn.Module):
         raise ConfigurationError(f"fxfuse.optimize expects an nn.Module, got {type(model).__name__}")
     if mode not in MODES:
         raise ConfigurationError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    if memory_budget is not None:
+        if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)) or not (
+                0 < memory_budget <= 1):
+            raise ConfigurationError(
+                f"memory_budget is a fraction of eager's saved activation bytes in (0, 1], e.g. 0.7; "
+                f"got {memory_budget!r}")
+        if example_inputs is None:
+            raise ConfigurationError(
+                f"memory_budget={memory_budget} needs example_inputs to size every site: "
+                f"fxfuse.optimize({type(model).__name__.lower()}, example_inputs=torch.randn(8, 3, 224, 224), "
+                f"memory_budget={memory_budget}) (shapes only: no real compute is done with them)")
+        if mode == "fast":
+            raise ConfigurationError(
+                "mode='fast' never recomputes convolutions, so a memory_budget cannot steer it; "
+                "use mode='memory' or mode='auto' with memory_budget")
     _extension.require()
 
 
-def _run(model: nn.Module, example_inputs, mode: str, install: bool) -> FusionReport:
-    options = Options(mode)
-    report = FusionReport(mode)
-    roots = _optimize_tree(model, "", options, _normalize_inputs(example_inputs), report, install)
+def _run(model: nn.Module, example_inputs, options: Options, install: bool) -> FusionReport:
+    report = FusionReport(options.mode)
+    roots = _optimize_tree(model, "", options, example_inputs, report, install)
     if roots == 0:
         raise TracingError(
             f"fxfuse could not trace {type(model).__name__} nor any of its submodules, so nothing was optimized. "
@@ -241,30 +285,67 @@ def _run(model: nn.Module, example_inputs, mode: str, install: bool) -> FusionRe
     return report
 
 
-def optimize(model: nn.Module, example_inputs=None, *, mode: str = "memory") -> nn.Module:
-    """Rewrite `model` in place so that its Conv→BN(→act) and BN→act patterns run as fused ops.
+def _selection_bytes(model: nn.Module, inputs: tuple, allowed: frozenset) -> int:
+    trial = measure.meta_copy(model)
+    _run(trial, None, Options("memory", allowed), install=True)
+    return measure.saved_activation_bytes(trial, measure.to_meta(inputs))
+
+
+def _decide(model: nn.Module, inputs, mode: str, memory_budget) -> tuple[Options, Optional[policy.Decision]]:
+    """Options for the final rewrite; for auto and budgets, the policy's selection too."""
+    if mode != "auto" and memory_budget is None:
+        return Options(mode), None
+    memory = _run(model, inputs, Options("memory"), install=False)
+    fast = _run(model, inputs, Options("fast"), install=False)
+    if memory_budget is None:
+        decision = policy.choose_auto(model, memory, fast)
+    else:
+        decision = policy.choose_budget(
+            model, memory, fast, float(memory_budget),
+            eager_bytes=lambda: measure.saved_activation_bytes_meta(model, inputs),
+            selection_bytes=lambda allowed: _selection_bytes(model, inputs, allowed))
+    return Options(mode, decision.allowed, memory_budget), decision
+
+
+def _optimized(model: nn.Module, example_inputs, mode: str, memory_budget, install: bool) -> FusionReport:
+    inputs = _normalize_inputs(example_inputs)
+    options, decision = _decide(model, inputs, mode, memory_budget)
+    report = _run(model, inputs, options, install)
+    if decision is not None:
+        policy.annotate(report, decision)
+    return report
+
+
+def optimize(model: nn.Module, example_inputs=None, *, mode: str = "memory",
+             memory_budget: Optional[float] = None) -> nn.Module:
+    """Rewrite `model` in place so that its Conv→BN(→act), BN→act and Linear/Conv→act patterns run as fused ops.
 
     Returns `model` itself (now an instance of a generated subclass of its class) with
     the FusionReport attached as `model.fxfuse_report`. `example_inputs` (a tensor or a
-    tuple of forward arguments) lets the report give bytes saved per site; no real
-    compute is done with them.
+    tuple of forward arguments) sizes every site; no real compute is done with them.
 
-    mode="memory" recomputes convolutions in backward to keep only their inputs;
-    mode="fast" only recomputes pointwise work (BN-apply and the activation).
+    mode="memory" recomputes convolutions (and linear layers before an activation) in
+    backward to keep only their inputs; mode="fast" only recomputes pointwise work
+    (BN-apply and the activation); mode="auto" recomputes only the layers that are cheap
+    per byte freed (see fxfuse.policy).
+
+    memory_budget=0.7 (needs example_inputs) keeps saved activations at or under 0.7×
+    eager's with the least recompute; the report says whether the budget was met.
     """
-    _check(model, mode)
+    _check(model, mode, memory_budget, example_inputs)
     if any(is_optimized(m) for m in model.modules()):
         _uninstall(model)
-    report = _run(model, example_inputs, mode, install=True)
+    report = _optimized(model, example_inputs, mode, memory_budget, install=True)
     model.fxfuse_report = report
     return model
 
 
-def explain(model: nn.Module, example_inputs=None, *, mode: str = "memory") -> FusionReport:
+def explain(model: nn.Module, example_inputs=None, *, mode: str = "memory",
+            memory_budget: Optional[float] = None) -> FusionReport:
     """What `optimize` would fuse and skip (and why), without changing `model`."""
-    _check(model, mode)
+    _check(model, mode, memory_budget, example_inputs)
     target = model
     if any(is_optimized(m) for m in model.modules()):
         target = copy.deepcopy(model)
         _uninstall(target)
-    return _run(target, example_inputs, mode, install=False)
+    return _optimized(target, example_inputs, mode, memory_budget, install=False)

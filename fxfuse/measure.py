@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import statistics
@@ -20,6 +21,8 @@ from torch import nn
 
 def _storage_key(t: torch.Tensor):
     storage = t.untyped_storage()
+    if t.device.type == "meta":  # no data pointers on meta: the storage object itself is the identity
+        return ("meta", storage._cdata, storage.nbytes())
     return (t.device.type, storage.data_ptr(), storage.nbytes())
 
 
@@ -35,7 +38,7 @@ def saved_activation_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
 
     def pack(t: torch.Tensor):
         key = _storage_key(t)
-        if key not in exclude and key[1] != 0:
+        if key not in exclude and key[1] != 0 and key[2] > 0:
             seen[key] = key[2]
         return t
 
@@ -43,6 +46,31 @@ def saved_activation_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
         out = model(*inputs)
     del out
     return sum(seen.values())
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose parameters and buffers live on the meta device (no data is copied)."""
+    memo: dict[int, Any] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        if isinstance(t, nn.Parameter):
+            memo[id(t)] = nn.Parameter(t.detach().to("meta"), requires_grad=t.requires_grad)
+        else:
+            memo[id(t)] = t.to("meta")
+    return copy.deepcopy(model, memo)
+
+
+def to_meta(inputs: Sequence[Any]) -> tuple:
+    return tuple(torch.empty_like(x, device="meta").requires_grad_(x.requires_grad)
+                 if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def saved_activation_bytes_meta(model: nn.Module, inputs: Sequence[Any]) -> int:
+    """`saved_activation_bytes` without real compute: one forward of a meta-device copy.
+
+    Counts the same storages (meta tensors have the real shapes, dtypes and strides),
+    and nothing the user owns runs or changes.
+    """
+    return saved_activation_bytes(meta_copy(model), to_meta(inputs))
 
 
 def rss_bytes() -> int:
@@ -59,6 +87,36 @@ def forward_resident_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
     del out
     gc.collect()
     return after - before
+
+
+def _peak_rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmHWM in /proc/self/status")
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def step_peak_bytes(step: Callable[[], None]) -> int | None:
+    """Peak resident-memory growth during one call of `step` (None where the OS cannot tell).
+
+    Linux only: resets the process's resident high-water mark (VmHWM) before the step.
+    """
+    gc.collect()
+    if not _reset_peak_rss():
+        return None
+    before = rss_bytes()
+    step()
+    return _peak_rss_bytes() - before
 
 
 def train_step(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer | None = None) -> None:

@@ -58,6 +58,11 @@ class FusionReport:
     fused: list[FusedSite] = field(default_factory=list)
     skipped: list[SkippedSite] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Set when a memory budget chose the sites (fxfuse.policy); bytes as counted on the meta device.
+    budget: Optional[float] = None
+    eager_saved_bytes: Optional[int] = None
+    selected_saved_bytes: Optional[int] = None
+    budget_met: Optional[bool] = None
 
     @property
     def saved_bytes(self) -> Optional[int]:
@@ -67,14 +72,20 @@ class FusionReport:
     def to_dict(self) -> dict:
         return {"mode": self.mode, "fused": [asdict(s) for s in self.fused],
                 "skipped": [asdict(s) for s in self.skipped], "notes": list(self.notes),
-                "saved_bytes": self.saved_bytes}
+                "saved_bytes": self.saved_bytes, "budget": self.budget,
+                "eager_saved_bytes": self.eager_saved_bytes, "selected_saved_bytes": self.selected_saved_bytes,
+                "budget_met": self.budget_met}
 
     def __str__(self) -> str:
         lines = [f"fxfuse fusion report (mode={self.mode}): {len(self.fused)} fused, {len(self.skipped)} skipped"]
         if self.fused:
             rows = [(s.name, s.pattern, s.op, format_bytes(s.saved_bytes), format_flops(s.recompute_flops))
                     for s in self.fused]
-            lines.append(tabulate(rows, headers=["fused", "pattern", "op", "saves", "recompute"]))
+            headers = ["fused", "pattern", "op", "saves", "recompute"]
+            if any(s.reason for s in self.fused):
+                rows = [row + (s.reason,) for row, s in zip(rows, self.fused)]
+                headers.append("chosen because")
+            lines.append(tabulate(rows, headers=headers))
             if self.saved_bytes is not None:
                 lines.append(f"total activation memory saved: {format_bytes(self.saved_bytes)}")
         if self.skipped:

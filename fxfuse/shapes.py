@@ -1,4 +1,4 @@
-"""Tensor shapes of a traced graph from example inputs, without real compute (FakeTensor)."""
+"""Tensor shapes of a traced graph from example inputs, without real compute (meta device, else FakeTensor)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -9,20 +9,32 @@ from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from . import measure
+
 
 def propagate(root: nn.Module, graph: fx.Graph, example_inputs: Sequence[Any]) -> dict[fx.Node, Any]:
     """node -> TensorMetadata for every node that produced a single tensor.
 
-    The model is copied to fake tensors, so nothing the user owns changes
-    (BatchNorm leaves count batches on their fake copies).
+    Runs the graph on a meta-device copy of the model (no data is copied; nothing the
+    user owns changes), or where some op has no meta kernel, on fake tensors.
     """
-    gm = fx.GraphModule(root, graph)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-    fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-    ShapeProp(gm, fake_mode=fake_mode).propagate(*fake_inputs)
+    try:
+        gm = fx.GraphModule(measure.meta_copy(root), graph)
+        ShapeProp(gm).propagate(*measure.to_meta(example_inputs))
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: FakeTensor covers more
+        _clear(graph)
+        gm = fx.GraphModule(root, graph)
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+        ShapeProp(gm, fake_mode=fake_mode).propagate(*fake_inputs)
     shapes = {}
     for node in graph.nodes:
         meta = node.meta.pop("tensor_meta", None)
         if meta is not None and hasattr(meta, "shape"):
             shapes[node] = meta
     return shapes
+
+
+def _clear(graph: fx.Graph) -> None:
+    for node in graph.nodes:
+        node.meta.pop("tensor_meta", None)

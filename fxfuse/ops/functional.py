@@ -70,7 +70,7 @@ def kernels_apply(input: Tensor, params: Sequence[Optional[Tensor]]) -> bool:
         return False
     if input.dim() != 4 or not input.is_floating_point() or input.is_complex():
         return False
-    if torch.is_autocast_enabled(input.device.type):
+    if input.device.type != "meta" and torch.is_autocast_enabled(input.device.type):
         return False
     if input.is_sparse or input.is_quantized or input.layout != torch.strided:
         return False
