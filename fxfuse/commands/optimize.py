@@ -17,8 +17,11 @@ def register(subparsers) -> None:
                     "fusion report (sites, bytes saved for backward at the given input shape, skip reasons).")
     add_model_arguments(parser)
     parser.add_argument("--mode", choices=MODES, default="memory",
-                        help="memory: recompute convs to keep only their inputs (default); "
-                             "fast: only pointwise recompute")
+                        help="memory: recompute convs/linears to keep only their inputs (default); "
+                             "fast: only pointwise recompute; auto: recompute only where it is cheap per byte")
+    parser.add_argument("--budget", type=float, default=None, metavar="B",
+                        help="memory budget: keep saved activations at or under B x eager's (e.g. 0.7) "
+                             "with the least recompute")
     parser.add_argument("--eval", action="store_true", help="analyse the model in eval mode")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
@@ -27,6 +30,6 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     model.train(not args.eval)
-    report = explain(model, torch.randn(*args.input_shape), mode=args.mode)
+    report = explain(model, torch.randn(*args.input_shape), mode=args.mode, memory_budget=args.budget)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0

@@ -1,0 +1,94 @@
+"""`fxfuse bench MODEL_SPEC --input-shape ... [--modes ...] [--budget ...] [--with ...] [--json]`."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+
+import torch
+
+from .. import bench
+from ..fusion import MODES
+from ._common import add_model_arguments, load_model, parse_dtype
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _budgets(text: str) -> list[float]:
+    try:
+        return [float(part) for part in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budgets are fractions like 0.7 or 0.5,0.7, got {text!r}") from None
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="measure eager, fxfuse modes and peers side by side (memory and step time)",
+        description="Train-step benchmark of one model, every variant in this process, each row a ratio to eager: "
+                    "bytes saved for backward (saved_tensors_hooks), resident memory at the end of forward, "
+                    "peak memory during a train step, and median train-step time (interleaved repeats). "
+                    "Random weights and inputs.",
+        epilog="example: fxfuse bench torchvision:resnet50 --input-shape 8,3,224,224 --modes memory,auto "
+               "--budget 0.7 --with checkpoint")
+    add_model_arguments(parser)
+    parser.add_argument("--modes", type=_csv, default=["memory"], metavar="M[,M...]",
+                        help=f"fxfuse modes to run besides eager: {', '.join(MODES)} (default: memory)")
+    parser.add_argument("--budget", type=_budgets, default=[], metavar="B[,B...]",
+                        help="also run fxfuse with memory_budget=B (fraction of eager's saved activations)")
+    parser.add_argument("--with", dest="peers", type=_csv, default=[], metavar="PEER[,PEER...]",
+                        help=f"peers to compare against: {', '.join(bench.PEERS)} "
+                             "(checkpoint: torch.utils.checkpoint on each top-level block)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed train steps per variant (default: 5)")
+    parser.add_argument("--dtype", type=parse_dtype, default=torch.float32, help="float32 (default) or float64")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--channels-last", action="store_true", help="model and input in channels_last")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    names = bench.parse_variants(args.modes, args.budget, args.peers)
+    if args.device == "cpu":
+        bench.ensure_malloc_env()
+
+    def log(message: str) -> None:
+        print(f"[fxfuse bench] {message}", file=sys.stderr, flush=True)
+
+    torch.manual_seed(0)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = load_model(args.model).to(device=args.device, dtype=args.dtype, memory_format=fmt).train()
+    x = torch.randn(*args.input_shape, device=args.device, dtype=args.dtype)
+    if args.channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=fmt)
+    variants, reports = {}, {}
+    for name in names:
+        log(f"preparing {name}")
+        variants[name] = bench.make_variant(name, model, (x,))
+        report = getattr(variants[name], "fxfuse_report", None)
+        if report is not None:
+            reports[name] = report
+    del model
+    rows = bench.compare(variants, (x,), repeats=args.repeats, log=log)
+    if args.json:
+        print(json.dumps({
+            "model": args.model, "input_shape": list(args.input_shape), "dtype": str(args.dtype),
+            "device": args.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "machine": platform.machine(), "rows": bench.to_json(rows),
+            "reports": {name: r.to_dict() for name, r in reports.items()},
+        }, indent=2))
+        return 0
+    print(f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {str(args.dtype).replace('torch.', '')}, "
+          f"{args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(bench.render(rows))
+    for name, report in reports.items():
+        fused = len(report.fused)
+        recomputed = sum(1 for s in report.fused if s.op in ("fxfuse::conv_bn_act", "fxfuse::linear_act",
+                                                                 "fxfuse::conv_act"))
+        line = f"{name}: {fused} sites fused, {recomputed} recompute a conv/linear"
+        if report.budget_met is not None:
+            line += f"; budget {report.budget:g} {'met' if report.budget_met else 'NOT met'}"
+        print(line)
+    return 0

@@ -1,0 +1,100 @@
+"""fxfuse.bench and `fxfuse bench`: variants, peers, the table and its JSON."""
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from fxfuse import bench, measure
+from fxfuse.cli import main
+from fxfuse.errors import ConfigurationError
+
+
+def small_net():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.GELU()),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
+    )
+
+
+def test_variant_names_and_errors():
+    assert bench.parse_variants(["memory", "auto"], [0.7], ["checkpoint"]) == [
+        "eager", "memory", "auto", "budget=0.7", "checkpoint"]
+    with pytest.raises(ConfigurationError, match="unknown mode"):
+        bench.parse_variants(["turbo"])
+    with pytest.raises(ConfigurationError, match="unknown peer"):
+        bench.parse_variants([], peers=["deepspeed"])
+
+
+def test_checkpoint_peer_is_exact_and_saves_memory():
+    model = small_net()
+    x = torch.randn(2, 3, 16, 16)
+    peer = bench.checkpoint_blocks(copy.deepcopy(model))
+    # conv, bn, linear at the top; the inner Sequential is a list of blocks: its conv, bn, conv, bn
+    assert sum(isinstance(m, bench.Checkpointed) for m in peer.modules()) == 7
+    outs = []
+    for m in (model, peer):
+        m.double()
+        out = m(x.double())
+        out.square().sum().backward()
+        outs.append((out, [p.grad for p in m.parameters()]))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-12, atol=0)
+    for a, b in zip(outs[0][1], outs[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+    model.float(), peer.float()
+    assert measure.saved_activation_bytes(peer, (x,)) < measure.saved_activation_bytes(model, (x,))
+
+
+def test_compare_rows_are_ratios_to_eager():
+    x = torch.randn(2, 3, 16, 16)
+    variants = {name: bench.make_variant(name, small_net(), (x,)) for name in ("eager", "memory", "budget=0.8")}
+    rows = bench.compare(variants, (x,), repeats=1)
+    assert [r.variant for r in rows] == ["eager", "memory", "budget=0.8"]
+    assert rows[0].saved_ratio == 1.0 and rows[0].time_ratio == 1.0
+    assert rows[1].saved_ratio < 1.0 and rows[1].saved_bytes < rows[0].saved_bytes
+    assert rows[2].saved_ratio <= 0.8
+    for r in rows:
+        assert r.peak_bytes is None or r.peak_bytes >= 0  # tiny tensors can fit in already-resident heap
+    text = bench.render(rows)
+    assert "peak in step" in text and "budget=0.8" in text
+
+
+def test_step_peak_counts_memory_freed_before_the_step_ends():
+    peak = measure.step_peak_bytes(lambda: torch.ones(64 * 2 ** 20 // 4).sum())
+    if peak is None:
+        pytest.skip("this OS cannot reset the resident high-water mark")
+    assert peak >= 60 * 2 ** 20
+
+
+def test_cli_bench_json_with_peers(capsys):
+    argv = ["bench", "tests.test_bench:small_net", "--input-shape", "2,3,16,16", "--modes", "fast,memory",
+            "--budget", "0.8", "--with", "checkpoint", "--repeats", "1", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert [r["variant"] for r in result["rows"]] == ["eager", "fast", "memory", "budget=0.8", "checkpoint"]
+    assert result["reports"]["budget=0.8"]["budget_met"] is True
+    assert "[fxfuse bench] timing train steps" in captured.err  # progress goes to stderr
+
+
+def test_cli_bench_table_with_compile(capsys):
+    argv = ["bench", "tests.test_bench:small_net", "--input-shape", "2,3,8,8", "--modes", "auto",
+            "--with", "compile", "--repeats", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "compile" in out and "auto: " in out and "train step" in out
+
+
+def test_cli_bench_bad_mode_is_a_clear_error(capsys):
+    assert main(["bench", "tests.test_bench:small_net", "--input-shape", "2,3,8,8", "--modes", "turbo"]) == 2
+    assert "unknown mode 'turbo'" in capsys.readouterr().err
+
+
+def test_cli_optimize_with_budget(capsys):
+    assert main(["optimize", "tests.test_bench:small_net", "--input-shape", "2,3,16,16", "--budget", "0.8"]) == 0
+    out = capsys.readouterr().out
+    assert "memory budget 0.80× met" in out
