@@ -13,6 +13,7 @@ traces again when they change (e.g. after `.eval()`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -22,7 +23,7 @@ from torch import nn
 from . import _extension, measure, policy, shapes, tracing
 from .errors import ConfigurationError, TracingError
 from .passes import PassContext, run_passes
-from .report import FusedSite, FusionReport, SkippedSite
+from .report import FusionReport, SkippedSite
 
 _STATE = "_fxfuse_state"
 
@@ -195,8 +196,7 @@ def _prefixed(report: FusionReport, prefix: str) -> FusionReport:
         return tuple(f"{prefix}.{m}" if m and not m.startswith(":") else f"{prefix}{m}" for m in ms)
     return FusionReport(
         report.mode,
-        [FusedSite(names(s.modules), s.pattern, s.activation, s.op, s.saved_bytes, s.recompute_flops, s.reason)
-         for s in report.fused],
+        [dataclasses.replace(s, modules=names(s.modules)) for s in report.fused],
         [SkippedSite(names(s.modules), s.pattern, s.reason) for s in report.skipped],
         [f"{prefix}.{n}" if not n.startswith(prefix) else n for n in report.notes],
     )

@@ -170,11 +170,15 @@ def annotate(report: FusionReport, decision: Decision) -> None:
     limit = (f"budget {decision.budget:.2f}×" if decision.policy == "budget"
              else f"auto: ≤ {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B")
     for site in report.fused:
+        site.mode = report.mode
+        why = None
         if site.modules in by_name:
-            site.reason = f"{limit}; {by_name[site.modules].describe()}"
+            why = f"{limit}: {by_name[site.modules].describe()}"
         elif site.modules in decision.fallback_names and any(
                 set(site.modules) & set(c.site.modules) for c in decision.rejected):
-            site.reason = f"{limit}; pointwise recompute only"
+            why = f"{limit}: pointwise recompute only"
+        if why:
+            site.reason = f"{why}; {site.reason}" if site.reason else why
     for c in decision.rejected:
         if decision.policy == "budget":
             why = "the budget is met without it"

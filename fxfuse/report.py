@@ -34,7 +34,8 @@ class FusedSite:
     op: str  # the fxfuse op it runs
     saved_bytes: Optional[int] = None  # activation bytes eager keeps for backward that this site does not
     recompute_flops: Optional[int] = None  # extra work in backward
-    reason: str = ""  # why the policy chose it
+    reason: str = ""  # why the policy chose it: what is kept and what is recomputed (or why it is faster)
+    mode: str = ""  # the mode that chose this site: "memory", "fast" or "auto"
 
     @property
     def name(self) -> str:
@@ -79,13 +80,9 @@ class FusionReport:
     def __str__(self) -> str:
         lines = [f"fxfuse fusion report (mode={self.mode}): {len(self.fused)} fused, {len(self.skipped)} skipped"]
         if self.fused:
-            rows = [(s.name, s.pattern, s.op, format_bytes(s.saved_bytes), format_flops(s.recompute_flops))
-                    for s in self.fused]
-            headers = ["fused", "pattern", "op", "saves", "recompute"]
-            if any(s.reason for s in self.fused):
-                rows = [row + (s.reason,) for row, s in zip(rows, self.fused)]
-                headers.append("chosen because")
-            lines.append(tabulate(rows, headers=headers))
+            rows = [(s.name, s.pattern, s.op, s.mode, format_bytes(s.saved_bytes), format_flops(s.recompute_flops),
+                     s.reason) for s in self.fused]
+            lines.append(tabulate(rows, headers=["fused", "pattern", "op", "mode", "saves", "recompute", "why"]))
             if self.saved_bytes is not None:
                 lines.append(f"total activation memory saved: {format_bytes(self.saved_bytes)}")
         if self.skipped:

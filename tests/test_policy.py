@@ -80,7 +80,7 @@ def test_report_says_what_the_budget_chose(resnet_budgets):
     results, _ = resnet_budgets
     _, _, _, report = next(r for r in results if r[0] == 0.7)
     text = str(report)
-    assert "chosen because" in text and "budget 0.70×" in text and "met" in text
+    assert "why" in text and "budget 0.70×" in text and "met" in text
     assert report.to_dict()["budget_met"] is True
 
 

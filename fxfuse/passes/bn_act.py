@@ -12,9 +12,9 @@ from .. import runtime
 from ..ops import functional
 from ..report import FusedSite, SkippedSite
 from . import estimates
-from .calls import ActivationUse, BNCall, activation_after, as_batch_norm, pattern_name
+from .calls import ActivationUse, BNCall, activation_after, as_batch_norm, as_conv, pattern_name
 from .context import PassContext
-from .matchers import site_name
+from .matchers import first_input, site_name
 from .rewrite import replace_chain
 
 
@@ -25,6 +25,15 @@ def _build(bn: BNCall, act: ActivationUse, ctx: PassContext) -> fx.Node:
     kwargs = {k: bn.args[k] for k in ("input", "running_mean", "running_var", "weight", "bias", "training",
                                       "momentum", "eps")}
     return ctx.graph.call_function(functional.batch_norm_act, (), dict(kwargs, act=name, act_param=param))
+
+
+def _reason(bn_node: fx.Node, ctx: PassContext) -> str:
+    reason = "keeps the BN input and statistics; recomputes BN-apply and activation in backward"
+    src = first_input(bn_node)
+    if src is not None and as_conv(src, ctx)[0] is not None:
+        # conv_bn_act (mode="memory") would have taken it; only pointwise work is recomputed here.
+        reason += " (conv output kept: no conv recompute)"
+    return reason
 
 
 def run(ctx: PassContext) -> int:
@@ -46,10 +55,12 @@ def run(ctx: PassContext) -> int:
         if ctx.allowed is not None and names not in ctx.allowed:
             continue
         saved = estimates.activation_input_bytes(ctx.shapes, bn_node, act.activation.name, act.inplace)
+        reason = _reason(bn_node, ctx)
         replace_chain(ctx.graph, [bn_node, act.node], lambda: _build(bn, act, ctx),
                       also_replace=(bn_node,) if act.later_users else ())
         ctx.report.fused.append(FusedSite(names, pattern, act.activation.describe(), "fxfuse::batch_norm_act",
-                                          saved if ctx.shapes else None, 0 if ctx.shapes else None))
+                                          saved if ctx.shapes else None, 0 if ctx.shapes else None,
+                                          reason, ctx.mode))
         fused += 1
     return fused
 

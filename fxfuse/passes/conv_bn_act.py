@@ -18,6 +18,7 @@ from .matchers import first_input, site_name
 from .rewrite import replace_chain
 
 MODES = ("memory",)
+REASON = "keeps the conv input; recomputes conv, BN-apply and activation in backward"
 
 
 def _pattern(act: ActivationUse | None) -> str:
@@ -88,7 +89,7 @@ def run(ctx: PassContext) -> int:
         replace_chain(ctx.graph, chain, lambda: _build(conv, bn, act, ctx),
                       also_replace=(bn_node,) if act and act.later_users else ())
         ctx.report.fused.append(FusedSite(names, _pattern(act), act.activation.describe() if act else "none",
-                                          "fxfuse::conv_bn_act", saved, flops))
+                                          "fxfuse::conv_bn_act", saved, flops, REASON, ctx.mode))
         fused += 1
     return fused
 

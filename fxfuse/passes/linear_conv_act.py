@@ -106,7 +106,9 @@ def run(ctx: PassContext) -> int:
         flops = _flops(ctx, node, kind)
         replace_chain(ctx.graph, [node, act.node], lambda: ctx.graph.call_function(
             fn, (), dict(args(), act=act.activation.name, act_param=act.activation.param)))
-        ctx.report.fused.append(FusedSite(names, pattern, act.activation.describe(), op, saved, flops))
+        ctx.report.fused.append(FusedSite(names, pattern, act.activation.describe(), op, saved, flops,
+                                          f"keeps the {kind} input; recomputes the {kind} and activation in backward",
+                                          ctx.mode))
         fused += 1
     return fused
 
