@@ -1,4 +1,4 @@
-"""Functions that rewritten graphs call for module-form patterns.
+"""Functions that rewritten graphs call for module-form patterns (and `add_into`).
 
 They take the user's own Conv2d/BatchNorm2d modules, so parameters, buffers and
 `training` flags are read at call time and the modules stay their owners. Calls the
@@ -7,7 +7,7 @@ eager errors). Also `gelu_where_faster`, which rewritten standalone GELUs call.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -86,3 +86,24 @@ def gelu_where_faster(input: Tensor, approximate: str = "none") -> Tensor:
     if gelu_is_faster(input, approximate):
         return act_functional.gelu(input, approximate)
     return F.gelu(input, approximate=approximate)
+
+
+def add_into(fresh: Tensor, other: Any) -> Tensor:
+    """`fresh + other`, written over `fresh` when that gives the same tensor.
+
+    `fresh` is a fused site's output that nothing else uses or keeps for backward
+    (see passes/inplace_add.py). In place needs `other` to be a tensor of the same
+    shape, strides, dtype and device (so the result's values and layout are the
+    out-of-place add's), and `fresh` to be a tensor autograd lets us change.
+    """
+    if isinstance(fresh, Tensor) and isinstance(other, Tensor) and _can_add_into(fresh, other):
+        return fresh.add_(other)
+    return fresh + other
+
+
+def _can_add_into(fresh: Tensor, other: Tensor) -> bool:
+    return (other is not fresh and fresh.layout == torch.strided and other.layout == torch.strided
+            and other.dtype == fresh.dtype and other.device == fresh.device
+            and other.shape == fresh.shape and other.stride() == fresh.stride()
+            and not fresh._is_view() and not (fresh.is_leaf and fresh.requires_grad)
+            and (not fresh.is_inference() or torch.is_inference_mode_enabled()))

@@ -401,6 +401,85 @@ def test_nan_backward(lay, act, p):
             close(a, r, 1e-10, equal_nan=True)
 
 
+# ------------------------------------------------------------------ in-place forms
+# bn_act_ / bn_act_backward_ write over their input; on CPU they run the same kernels
+# as bn_act / bn_act_backward, so the results must be bitwise the same.
+
+
+def bitwise(actual, expected):
+    if expected is None:
+        assert actual is None
+        return
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def twin(x):
+    """A copy of x with x's strides (clone() makes a non-dense tensor dense)."""
+    return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype).copy_(x)
+
+
+def check_inplace_forms(x, dy, mean, var, w, b, act, p, bs):
+    out = ops.bn_act(x, mean, var, w, b, EPS, act, p)
+    y = twin(x)
+    ptr, stride = y.data_ptr(), y.stride()
+    assert ops.bn_act_(y, mean, var, w, b, EPS, act, p) is None
+    assert y.data_ptr() == ptr and y.stride() == stride
+    bitwise(y, out)
+    for wmask in itertools.product([False, True], repeat=2):
+        ref = ops.bn_act_backward(dy, x, mean, var, w, b, EPS, act, p, bs, [True, *wmask])
+        y = twin(x)
+        ptr = y.data_ptr()
+        gw, gb = ops.bn_act_backward_(dy, y, mean, var, w, b, EPS, act, p, bs, list(wmask))
+        assert y.data_ptr() == ptr and y.stride() == stride
+        bitwise(y, ref[0])
+        bitwise(gw, ref[1])
+        bitwise(gb, ref[2])
+
+
+@pytest.mark.parametrize("act,p", ACTS, ids=ACT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("lay", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES + [(4, 16, 33, 35)], ids=str)
+def test_inplace_forms_match_out_of_place(shape, lay, dtype, act, p):
+    x = make_input(shape, dtype, lay)
+    dy = make_input(shape, dtype, lay, seed=3)
+    w, b, rmean, rvar = make_params(shape[1], dtype)
+    bmean, bvar = ops.bn_stats(x)
+    check_inplace_forms(x, dy, bmean, bvar, w, b, act, p, True)
+    check_inplace_forms(x, dy, rmean, rvar, None, b, act, p, False)
+
+
+def test_inplace_forms_on_fallback_paths():
+    """Inputs the hand-written kernels do not take (not dense, half precision), and a
+    grad_out in another dtype, still give bn_act / bn_act_backward's results."""
+    base = make_input((2, 4, 6, 10), torch.float64, "contiguous")
+    x = base[:, :, ::2, 1:8]
+    w, b, mean, var = make_params(4, torch.float64)
+    dy = make_input(tuple(x.shape), torch.float64, "contiguous", seed=3)
+    check_inplace_forms(x, dy, mean, var, w, b, "gelu", 0.0, True)
+    xh = make_input((2, 5, 3, 4), torch.bfloat16, "channels_last")
+    dyh = make_input((2, 5, 3, 4), torch.bfloat16, "channels_last", seed=2)
+    w32, b32, _, _ = make_params(5, torch.float32)
+    m32, v32 = ops.bn_stats(xh)
+    check_inplace_forms(xh, dyh, m32, v32, w32, b32, "silu", 0.0, True)
+    xf = make_input((2, 5, 3, 4), torch.float32, "contiguous")
+    w, b, mean, var = make_params(5, torch.float32)
+    check_inplace_forms(xf, dyh.double(), mean, var, w, b, "relu", 0.0, False)
+
+
+def test_inplace_forms_validate_like_out_of_place():
+    x = torch.randn(2, 3, 4, 4)
+    w, b, mean, var = make_params(3, torch.float32)
+    with pytest.raises(RuntimeError, match="4-D"):
+        ops.bn_act_(torch.randn(2, 3, 4), mean, var, w, b, EPS, "relu", 0.0)
+    with pytest.raises(RuntimeError, match="mean to have 3 elements"):
+        ops.bn_act_(x, mean[:2], var, w, b, EPS, "relu", 0.0)
+    with pytest.raises(RuntimeError, match="var to have 3 elements"):
+        ops.bn_act_backward_(x, x.clone(), mean, var[:1], w, b, EPS, "relu", 0.0, True, [True] * 2)
+    with pytest.raises(RuntimeError, match="unknown activation"):
+        ops.bn_act_(x, mean, var, w, b, EPS, "tanh", 0.0)
+
+
 # ---------------------------------------------------------------------- empty inputs
 
 

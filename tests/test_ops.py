@@ -108,6 +108,11 @@ def _opcheck_samples(fmt):
         (torch.ops.fxfuse.bn_act.default, (*req(y), mean, var, *req(g, beta), 1e-5, "gelu", 0.0)),
         (torch.ops.fxfuse.bn_act_backward.default,
          (torch.randn_like(y), y, mean, var, g, beta, 1e-5, "silu", 0.0, True, [True, True, True])),
+        (torch.ops.fxfuse.bn_act_.default, (y.clone(), mean, var, g, beta, 1e-5, "relu", 0.0)),
+        (torch.ops.fxfuse.bn_act_backward_.default,
+         (torch.randn_like(y), y.clone(), mean, var, g, beta, 1e-5, "gelu", 0.0, True, [True, True])),
+        (torch.ops.fxfuse.bn_act_backward_.default,
+         (torch.randn_like(y), y.clone(), mean, var, None, beta, 1e-5, "none", 0.0, False, [False, True])),
         (torch.ops.fxfuse.batch_norm_act.default, (*req(y, g, beta), rm, rv, True, 1e-5, "relu", 0.0)),
         (torch.ops.fxfuse.batch_norm_act.default, (*req(y), None, None, rm, rv, False, 1e-5, "relu6", 0.0)),
         (torch.ops.fxfuse.conv_bn_act.default,
@@ -148,6 +153,15 @@ def test_generic_kernels_match_reference(act, fmt):
     got = C.generic_bn_act_backward(grad, x, mean, var, g, beta, 1e-5, act, p, True, [True, True, True])
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e)
+    # the in-place forms: the same values, written over their input
+    y = x.clone()
+    C.generic_bn_act_(y, mean, var, g, beta, 1e-5, act, p)
+    torch.testing.assert_close(y, out, rtol=0, atol=0)
+    y = x.clone()
+    gw, gb = C.generic_bn_act_backward_(grad, y, mean, var, g, beta, 1e-5, act, p, True, [True, False])
+    torch.testing.assert_close(y, got[0], rtol=0, atol=0)
+    torch.testing.assert_close(gw, got[1], rtol=0, atol=0)
+    assert gb is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -20,6 +20,16 @@ TORCH_LIBRARY(fxfuse, m) {
       "bn_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor var, "
       "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
       "bool batch_stats, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // In-place forms for composites that own the tensor: bn_act_ overwrites self with
+  // bn_act(self, ...); bn_act_backward_ overwrites input with grad_input and returns
+  // the parameter gradients (output_mask: weight, bias). Same numerics as above.
+  m.def(
+      "bn_act_(Tensor(a!) self, Tensor mean, Tensor var, Tensor? weight, Tensor? bias, "
+      "float eps, str act, float act_param) -> ()");
+  m.def(
+      "bn_act_backward_(Tensor grad_out, Tensor(a!) input, Tensor mean, Tensor var, "
+      "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
+      "bool batch_stats, bool[2] output_mask) -> (Tensor grad_weight, Tensor grad_bias)");
   // BatchNorm2d(+activation) that keeps only its input for backward.
   m.def(
       "batch_norm_act(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, "
@@ -73,6 +83,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          const std::optional<at::Tensor>& bias, double eps, const std::string& act,
          double act_param, bool batch_stats, std::array<bool, 3> mask) {
         return fxfuse::bn_act_backward_generic(
+            grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask);
+      });
+  m.def("generic_bn_act_", &fxfuse::bn_act_generic_);
+  m.def(
+      "generic_bn_act_backward_",
+      [](const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+         const at::Tensor& var, const std::optional<at::Tensor>& weight,
+         const std::optional<at::Tensor>& bias, double eps, const std::string& act,
+         double act_param, bool batch_stats, std::array<bool, 2> mask) {
+        return fxfuse::bn_act_backward_generic_(
             grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask);
       });
   m.def(

@@ -1,4 +1,8 @@
-"""Fake kernels and autograd for fxfuse::bn_stats, bn_act, bn_act_backward, batch_norm_act."""
+"""Fake kernels and autograd for fxfuse::bn_stats, bn_act, bn_act_backward, batch_norm_act.
+
+bn_act_ and bn_act_backward_ (in-place forms used inside conv_bn_act) get fake kernels
+only: they are not differentiable.
+"""
 from __future__ import annotations
 
 import torch
@@ -22,6 +26,20 @@ def _bn_act_backward_fake(grad_out, input, mean, var, weight, bias, eps, act, ac
         torch.empty_like(input) if output_mask[0] else None,
         torch.empty_like(weight) if output_mask[1] and weight is not None else None,
         torch.empty_like(bias) if output_mask[2] and bias is not None else None,
+    )
+
+
+@torch.library.register_fake("fxfuse::bn_act_")
+def _bn_act_inplace_fake(self, mean, var, weight, bias, eps, act, act_param):
+    return None
+
+
+@torch.library.register_fake("fxfuse::bn_act_backward_")
+def _bn_act_backward_inplace_fake(grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+                                  output_mask):
+    return (
+        torch.empty_like(weight) if output_mask[0] and weight is not None else None,
+        torch.empty_like(bias) if output_mask[1] and bias is not None else None,
     )
 
 

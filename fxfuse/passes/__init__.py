@@ -6,10 +6,10 @@ unsafe matches first (recording why in ctx.report.skipped), then rewrites throug
 """
 from __future__ import annotations
 
-from . import bn_act, conv_bn_act, gelu, linear_conv_act
+from . import bn_act, conv_bn_act, gelu, inplace_add, linear_conv_act
 from .context import MODES, PassContext
 
-PASSES = (conv_bn_act.run, bn_act.run, linear_conv_act.run, gelu.run)
+PASSES = (conv_bn_act.run, bn_act.run, linear_conv_act.run, gelu.run, inplace_add.run)
 
 
 def run_passes(ctx: PassContext) -> int:

@@ -171,53 +171,50 @@ std::tuple<at::Tensor, at::Tensor> bn_stats_cpu(const at::Tensor& input) {
   return {mean, var};
 }
 
-at::Tensor bn_act_cpu(
-    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    double eps, c10::string_view act, double act_param) {
-  check_input(input, "bn_act");
-  const Act a = parse_act(act);
-  check_stats_args(input, mean, var, weight, bias, "bn_act");
-  const auto geo = geometry(input);
-  if (!fast_dtype(input.scalar_type()) || !geo) {
-    return bn_act_generic(input, mean, var, weight, bias, eps, act, act_param);
-  }
-  at::Tensor out = at::empty_like(input);
-  if (input.numel() == 0) return out;
+namespace {
+
+// act(batch_norm_apply(input)) into `out`, which has the input's layout (a fresh
+// tensor, or the input itself: each element is read before it is written).
+void forward_into(
+    const at::Tensor& input, const cpu::Geometry& g, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, Act a, double act_param,
+    const at::Tensor& out) {
+  if (input.numel() == 0) return;
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "fxfuse::bn_act_cpu", [&] {
     const auto cp = channel_params<scalar_t>(mean, var, weight, bias, eps);
     kernel_table<scalar_t>().forward(
-        geo->first, input.const_data_ptr<scalar_t>(), cp.coeffs(), a,
-        static_cast<scalar_t>(act_param), out.mutable_data_ptr<scalar_t>());
+        g, input.const_data_ptr<scalar_t>(), cp.coeffs(), a, static_cast<scalar_t>(act_param),
+        out.mutable_data_ptr<scalar_t>());
   });
-  return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_cpu(
+// Whether the hand-written backward kernels take this call (else: the generic path).
+bool backward_fast(const at::Tensor& grad_out, const at::Tensor& input) {
+  return fast_dtype(input.scalar_type()) && geometry(input) && input.numel() != 0 &&
+      grad_out.defined() && grad_out.device().is_cpu() && grad_out.sizes() == input.sizes();
+}
+
+// (grad_weight, grad_bias) of bn_act_backward; grad_input is written to `grad_input`
+// when it is defined (a fresh tensor in the input's layout, or the input itself:
+// the last pass reads each element of the input before writing it).
+std::tuple<at::Tensor, at::Tensor> backward_into(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
-    double act_param, bool batch_stats, std::array<bool, 3> output_mask) {
-  check_input(input, "bn_act_backward");
-  const Act a = parse_act(act);
-  check_stats_args(input, mean, var, weight, bias, "bn_act_backward");
+    const std::optional<at::Tensor>& bias, double eps, Act a, double act_param,
+    bool batch_stats, bool need_weight, bool need_bias, const at::Tensor& grad_input) {
   const auto geo = geometry(input);
-  if (!fast_dtype(input.scalar_type()) || !geo || input.numel() == 0 || !grad_out.defined() ||
-      !grad_out.device().is_cpu() || grad_out.sizes() != input.sizes()) {
-    return bn_act_backward_generic(
-        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
-        output_mask);
-  }
   const cpu::Geometry& g = geo->first;
   // grad_out in the input's dtype and memory layout (no copy in the usual case).
   const at::Tensor dy = grad_out.to(input.scalar_type()).contiguous(geo->second);
 
+  const bool need_input = grad_input.defined();
   const bool has_weight = has(weight), has_bias = has(bias);
-  const bool need_sums = output_mask[1] || output_mask[2] || (output_mask[0] && batch_stats);
+  const bool need_sums = need_weight || need_bias || (need_input && batch_stats);
   const int64_t C = input.size(1);
   const int64_t M = input.numel() / C;
 
-  at::Tensor grad_input, grad_weight, grad_bias;
+  at::Tensor grad_weight, grad_bias;
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "fxfuse::bn_act_backward_cpu", [&] {
     using T = scalar_t;
     const auto& kt = kernel_table<T>();
@@ -236,8 +233,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_cpu(
         sum_gx[c] = static_cast<T>(sgxm[c] * static_cast<double>(cp.invstd[c]));
       }
     }
-    if (output_mask[0]) {
-      grad_input = at::empty_like(input);
+    if (need_input) {
       if (batch_stats) {
         const T m = static_cast<T>(static_cast<double>(M));
         cp.k1.resize(C);
@@ -255,16 +251,89 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_cpu(
       std::copy(v.begin(), v.end(), t.mutable_data_ptr<T>());
       return t.to(dtype);
     };
-    if (output_mask[1] && has_weight) grad_weight = to_tensor(sum_gx, weight->scalar_type());
-    if (output_mask[2] && has_bias) grad_bias = to_tensor(sum_g, bias->scalar_type());
+    if (need_weight && has_weight) grad_weight = to_tensor(sum_gx, weight->scalar_type());
+    if (need_bias && has_bias) grad_bias = to_tensor(sum_g, bias->scalar_type());
   });
+  return {grad_weight, grad_bias};
+}
+
+}  // namespace
+
+at::Tensor bn_act_cpu(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    double eps, c10::string_view act, double act_param) {
+  check_input(input, "bn_act");
+  const Act a = parse_act(act);
+  check_stats_args(input, mean, var, weight, bias, "bn_act");
+  const auto geo = geometry(input);
+  if (!fast_dtype(input.scalar_type()) || !geo) {
+    return bn_act_generic(input, mean, var, weight, bias, eps, act, act_param);
+  }
+  at::Tensor out = at::empty_like(input);
+  forward_into(input, geo->first, mean, var, weight, bias, eps, a, act_param, out);
+  return out;
+}
+
+void bn_act_cpu_(
+    const at::Tensor& self, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    double eps, c10::string_view act, double act_param) {
+  check_input(self, "bn_act_");
+  const Act a = parse_act(act);
+  check_stats_args(self, mean, var, weight, bias, "bn_act_");
+  const auto geo = geometry(self);
+  if (!fast_dtype(self.scalar_type()) || !geo) {
+    bn_act_generic_(self, mean, var, weight, bias, eps, act, act_param);
+    return;
+  }
+  forward_into(self, geo->first, mean, var, weight, bias, eps, a, act_param, self);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 3> output_mask) {
+  check_input(input, "bn_act_backward");
+  const Act a = parse_act(act);
+  check_stats_args(input, mean, var, weight, bias, "bn_act_backward");
+  if (!backward_fast(grad_out, input)) {
+    return bn_act_backward_generic(
+        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+        output_mask);
+  }
+  at::Tensor grad_input = output_mask[0] ? at::empty_like(input) : at::Tensor();
+  auto [grad_weight, grad_bias] = backward_into(
+      grad_out, input, mean, var, weight, bias, eps, a, act_param, batch_stats, output_mask[1],
+      output_mask[2], grad_input);
   return {grad_input, grad_weight, grad_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor> bn_act_backward_cpu_(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 2> output_mask) {
+  check_input(input, "bn_act_backward_");
+  const Act a = parse_act(act);
+  check_stats_args(input, mean, var, weight, bias, "bn_act_backward_");
+  if (!backward_fast(grad_out, input)) {
+    return bn_act_backward_generic_(
+        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+        output_mask);
+  }
+  return backward_into(
+      grad_out, input, mean, var, weight, bias, eps, a, act_param, batch_stats, output_mask[0],
+      output_mask[1], input);
 }
 
 TORCH_LIBRARY_IMPL(fxfuse, CPU, m) {
   m.impl("bn_stats", &bn_stats_cpu);
   m.impl("bn_act", &bn_act_cpu);
   m.impl("bn_act_backward", &bn_act_backward_cpu);
+  m.impl("bn_act_", &bn_act_cpu_);
+  m.impl("bn_act_backward_", &bn_act_backward_cpu_);
 }
 
 }  // namespace fxfuse

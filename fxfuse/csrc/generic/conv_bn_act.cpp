@@ -1,6 +1,9 @@
 // Conv2d -> BatchNorm2d (-> activation) that keeps only the conv input for
 // backward: the backward op recomputes the convolution, runs the fused
 // BN-apply+activation backward, then the convolution backward.
+// The conv output is a temporary of these ops, so the BN-apply+activation
+// (forward) and its grad_input (backward) are written over it: one activation-sized
+// buffer per call instead of two.
 // Built from ATen calls plus fxfuse's own ops, so it runs on every device and
 // picks the hand-written kernels where a device has them.
 #include <torch/library.h>
@@ -40,8 +43,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
     mean = running_mean->to(sd, /*non_blocking=*/false, /*copy=*/true);
     var = running_var->to(sd, /*non_blocking=*/false, /*copy=*/true);
   }
-  at::Tensor out = dispatch::bn_act(y, mean, var, bn_weight, bn_bias, eps, act, act_param);
-  return {out, mean, var};
+  dispatch::bn_act_(y, mean, var, bn_weight, bn_bias, eps, act, act_param);
+  return {y, mean, var};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act_backward(
@@ -54,21 +57,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_a
   const bool need_conv_grads = output_mask[0] || output_mask[1] || output_mask[2];
   // Recompute the conv output: the one activation this op did not keep.
   at::Tensor y = conv(input, weight, bias, stride, padding, dilation, groups);
-  auto [grad_y, grad_bn_weight, grad_bn_bias] = dispatch::bn_act_backward(
-      grad_out, y, mean, var, bn_weight, bn_bias, eps, act, act_param, batch_stats,
-      {need_conv_grads, output_mask[3], output_mask[4]});
-  y.reset();
-  at::Tensor grad_input, grad_weight, grad_bias;
-  if (need_conv_grads) {
-    const bool has_bias = bias.has_value() && bias->defined();
-    std::vector<int64_t> bias_sizes;
-    if (has_bias) bias_sizes = bias->sizes().vec();
-    std::tie(grad_input, grad_weight, grad_bias) = at::convolution_backward(
-        grad_y, input, weight,
-        has_bias ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
-        stride, padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups,
-        {output_mask[0], output_mask[1], output_mask[2] && has_bias});
+  at::Tensor grad_bn_weight, grad_bn_bias;
+  if (!need_conv_grads) {
+    std::tie(std::ignore, grad_bn_weight, grad_bn_bias) = dispatch::bn_act_backward(
+        grad_out, y, mean, var, bn_weight, bn_bias, eps, act, act_param, batch_stats,
+        {false, output_mask[3], output_mask[4]});
+    return {at::Tensor(), at::Tensor(), at::Tensor(), grad_bn_weight, grad_bn_bias};
   }
+  std::tie(grad_bn_weight, grad_bn_bias) = dispatch::bn_act_backward_(
+      grad_out, y, mean, var, bn_weight, bn_bias, eps, act, act_param, batch_stats,
+      {output_mask[3], output_mask[4]});
+  const at::Tensor& grad_y = y;  // bn_act_backward_ wrote grad_y over y
+  const bool has_bias = bias.has_value() && bias->defined();
+  std::vector<int64_t> bias_sizes;
+  if (has_bias) bias_sizes = bias->sizes().vec();
+  auto [grad_input, grad_weight, grad_bias] = at::convolution_backward(
+      grad_y, input, weight,
+      has_bias ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride,
+      padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups,
+      {output_mask[0], output_mask[1], output_mask[2] && has_bias});
   return {grad_input, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias};
 }
 

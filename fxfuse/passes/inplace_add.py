@@ -1,0 +1,49 @@
+"""`fused + other`  ⇒  runtime.add_into(fused, other) when nothing else uses `fused`.
+
+FX traces `out += identity` (ResNet's residual add) as an out-of-place add, so the
+traced graph allocates and fills a new activation where eager wrote over `out`. The
+output of a Conv→BN site rewritten without an activation is a fresh tensor that no
+backward keeps (the fused op saves only its input; its eager fallback, batch norm,
+saves its input too), so when the add is its only use, adding into it gives the
+same tensor as the out-of-place add. `runtime.add_into` checks the rest at run time.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch.fx as fx
+
+from .. import runtime
+from ..ops import functional
+from .context import PassContext
+
+_ADDS = (operator.add, operator.iadd)
+
+
+def _fresh(node) -> bool:
+    """A Conv→BN (no activation) site output used only once."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or len(node.users) != 1:
+        return False
+    if node.target is runtime.conv_bn_act_module:
+        return len(node.args) >= 4 and node.args[3] == "none"
+    if node.target is functional.conv_bn_act:
+        return not node.args and node.kwargs.get("act") == "none"
+    return False
+
+
+def run(ctx: PassContext) -> int:
+    rewritten = 0
+    for node in list(ctx.graph.nodes):
+        if node.op != "call_function" or node.target not in _ADDS or len(node.args) != 2 or node.kwargs:
+            continue
+        a, b = node.args
+        if _fresh(a):
+            fresh, other = a, b
+        elif _fresh(b):  # IEEE addition commutes: other + fresh == fresh + other
+            fresh, other = b, a
+        else:
+            continue
+        node.target = runtime.add_into
+        node.args = (fresh, other)
+        rewritten += 1
+    return rewritten
