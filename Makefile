@@ -28,7 +28,7 @@ setup: $(DEPS)
 
 build: $(BUILT)
 
-test: $(BUILT)
+test: $(BUILT) cuda-check
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(BUILT)
@@ -37,9 +37,13 @@ demo: $(BUILT)
 bench: $(BUILT)
 	$(PY) benchmarks/bench_resnet50.py
 
-# Compile-only check of the CUDA registration (nvcc must be on PATH).
+# Compile-only check of the CUDA registration, run by `make test` so that it cannot rot
+# (nvcc must be on PATH or in CUDA_HOME; no GPU needed): a full FXFUSE_CUDA=1 build into
+# build/cuda-check*, never replacing fxfuse/_C*.so. One GPU architecture keeps it quick;
+# ninja recompiles only what changed since the last check.
+CUDA_CHECK_ARCH ?= 9.0
 cuda-check: $(DEPS)
-	FXFUSE_CUDA=1 $(PY) setup.py build_ext --build-temp build/cuda-check --build-lib build/cuda-check-lib
+	TORCH_CUDA_ARCH_LIST="$(CUDA_CHECK_ARCH)" FXFUSE_CUDA=1 $(PY) setup.py build_ext --build-temp build/cuda-check --build-lib build/cuda-check-lib
 
 clean:
 	rm -rf build *.egg-info fxfuse/_C*.so $(BUILT)
