@@ -44,6 +44,7 @@ bench: $(BUILT)
 CUDA_CHECK_ARCH ?= 9.0
 cuda-check: $(DEPS)
 	TORCH_CUDA_ARCH_LIST="$(CUDA_CHECK_ARCH)" FXFUSE_CUDA=1 $(PY) setup.py build_ext --build-temp build/cuda-check --build-lib build/cuda-check-lib
+	$(PY) tools/check_cuda_build.py
 
 clean:
 	rm -rf build *.egg-info fxfuse/_C*.so $(BUILT)
