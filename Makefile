@@ -8,7 +8,7 @@ BUILT  := $(VENV)/.fxfuse-built
 CSRC   := $(shell find fxfuse/csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu')
 PYTEST_ARGS ?=
 
-.PHONY: all setup build test demo bench cuda-check clean
+.PHONY: all setup build test demo bench cuda-check cuda-build clean
 
 all: test
 
@@ -28,7 +28,7 @@ setup: $(DEPS)
 
 build: $(BUILT)
 
-test: $(BUILT)
+test: $(BUILT) cuda-check
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(BUILT)
@@ -37,9 +37,18 @@ demo: $(BUILT)
 bench: $(BUILT)
 	$(PY) benchmarks/bench_resnet50.py
 
-# Compile-only check of the CUDA registration (nvcc must be on PATH).
+# Compile-only check of the CUDA kernels (csrc/cuda/*.cu), run by `make test` so that they
+# cannot rot: nvcc -c with torch's CUDAExtension flags for one architecture, into
+# build/cuda-check (needs nvcc, no GPU; never touches fxfuse/_C*.so; skips what is up to date).
+CUDA_CHECK_ARCH ?= 9.0
 cuda-check: $(DEPS)
-	FXFUSE_CUDA=1 $(PY) setup.py build_ext --build-temp build/cuda-check --build-lib build/cuda-check-lib
+	CUDA_CHECK_ARCH="$(CUDA_CHECK_ARCH)" $(PY) tools/compile_cuda.py
+
+# The full FXFUSE_CUDA=1 extension (C++ and CUDA) into build/cuda-build*, then a check in a
+# fresh process that it loads and registers its CUDA and AutocastCUDA kernels. Slow on 2 cores.
+cuda-build: $(DEPS)
+	TORCH_CUDA_ARCH_LIST="$(CUDA_CHECK_ARCH)" FXFUSE_CUDA=1 $(PY) setup.py build_ext --build-temp build/cuda-build --build-lib build/cuda-build-lib
+	$(PY) tools/check_cuda_build.py
 
 clean:
 	rm -rf build *.egg-info fxfuse/_C*.so $(BUILT)

@@ -9,7 +9,26 @@ import os
 
 from setuptools import setup
 
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+
+def _cuda_home_for_nvcc_wrapper():
+    """torch derives CUDA_HOME from `which nvcc` when it is not set; an nvcc on PATH that
+    is a wrapper script (here /usr/local/bin/nvcc, which execs /usr/local/cuda-13.0/bin/nvcc)
+    gives a CUDA_HOME without the CUDA headers. Point it at /usr/local/cuda in that case."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    import shutil
+
+    nvcc = shutil.which("nvcc")
+    home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None
+    if not (home and os.path.isfile(os.path.join(home, "include", "cuda_runtime.h"))):
+        if os.path.isfile("/usr/local/cuda/include/cuda_runtime.h"):
+            os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+
+if os.environ.get("FXFUSE_CUDA") == "1":
+    _cuda_home_for_nvcc_wrapper()
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("fxfuse", "csrc")
@@ -28,7 +47,7 @@ def extension():
     # enable AVX2/FMA per function (#pragma GCC target in cpu/*_avx2.cpp, picked at
     # run time), so no -mavx2 here: the extension still loads on x86-64 CPUs without AVX2.
     cxx += ["-ffp-contract=off"]
-    srcs = sources("*.cpp") + sources("generic/*.cpp") + sources("cpu/*.cpp")
+    srcs = sources("*.cpp") + sources("generic/*.cpp") + sources("cpu/*.cpp") + sources("autocast/*.cpp")
     if os.environ.get("FXFUSE_CUDA") == "1":
         return CUDAExtension(
             "fxfuse._C",

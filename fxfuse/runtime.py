@@ -38,7 +38,7 @@ def _bn_tensors(bn: nn.BatchNorm2d):
 
 def conv_bn_act_module(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(conv(x)))`, keeping only `x` for backward."""
-    if not (functional.kernels_apply(x, (conv.weight, conv.bias, *_bn_tensors(bn)))
+    if not (functional.layer_kernels_apply(x, (conv.weight, conv.bias), _bn_tensors(bn))
             and x.shape[1] == conv.in_channels and bn.num_features == conv.out_channels):
         return functional.apply_activation(bn(conv(x)), act, act_param)
     padding = conv.padding

@@ -576,3 +576,20 @@ def test_default_capability_build():
     )
     assert res.returncode == 0, res.stderr[-4000:]
     assert "OK" in res.stdout
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("lay", LAYOUTS)
+def test_piecewise_activation_edges_match_eager(dtype, lay):
+    # z exactly at the breakpoints (hardswish: -3 and 3, relu6: 0 and 6): the kernels take
+    # the branch ATen's *_backward takes (hardswish_backward is 0 at z = -3, dy at z = 3).
+    edges = torch.tensor([-3.0, 3.0, 0.0, 6.0, -6.0, 0.5, 2.0, -1.0], dtype=dtype)
+    x = layout(edges.view(1, 1, 2, 4).repeat(2, 3, 1, 1), lay)
+    mean, var = torch.zeros(3, dtype=dtype), torch.full((3,), 1.0 - 1e-5, dtype=dtype)
+    assert torch.equal((var + 1e-5).rsqrt(), torch.ones(3, dtype=dtype))  # z == x exactly
+    dy = torch.ones_like(x)
+    for act in ("hardswish", "relu6", "relu"):
+        z = x.detach().clone().requires_grad_()
+        (want,) = torch.autograd.grad(eager_act(z, act, 0.0), z, dy)
+        got = ops.bn_act_backward(dy, x, mean, var, None, None, 1e-5, act, 0.0, False, [True, False, False])[0]
+        assert torch.equal(got, want), act

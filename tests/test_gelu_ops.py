@@ -319,7 +319,8 @@ def test_layer_act_reduced_precision(dtype):
                        F.silu(F.conv2d(xc, wc, None, 1, 1)))
 
 
-def test_autocast_falls_back_to_eager():
+def test_autocast_matches_eager_autocast():
+    # Fused under autocast (its Autocast kernel casts like F.linear's): same ops, same bits.
     x, w = torch.randn(4, 16), torch.randn(8, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = act_functional.linear_act(x, w, None, "gelu")

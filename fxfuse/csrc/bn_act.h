@@ -15,18 +15,9 @@
 #include <string>
 #include <tuple>
 
-namespace fxfuse {
+#include "act.h"
 
-enum class Act : int {
-  None = 0,
-  ReLU,
-  ReLU6,
-  LeakyReLU,  // act_param = negative_slope
-  GELU,       // erf form
-  GELUTanh,   // tanh approximation
-  SiLU,
-  Hardswish,
-};
+namespace fxfuse {
 
 // Parses the activation name used in the op schemas ("none", "relu", "relu6",
 // "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish").
@@ -89,5 +80,18 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_cpu_(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 2> output_mask);
+
+// ---- host build of the CUDA kernels' per-element math (cpu/bn_act_elementwise.cpp),
+// for the tests; same signatures as bn_act / bn_act_backward ----
+at::Tensor bn_act_elementwise_host(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    double eps, c10::string_view act, double act_param);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_elementwise_host(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 3> output_mask);
 
 }  // namespace fxfuse

@@ -1,7 +1,9 @@
 // Every fxfuse operator schema, in one place. Kernels live next door:
 //   generic/*.cpp  device-generic implementations from ATen calls
 //                  (CompositeExplicitAutograd: CUDA and every other device),
-//   cpu/*.cpp      hand-written CPU kernels.
+//   cpu/*.cpp      hand-written CPU kernels,
+//   cuda/*.cu      CUDA kernels (built with FXFUSE_CUDA=1),
+//   autocast/*.cpp Autocast kernels: the casts eager autocast applies, then the op.
 // Autograd and fake (meta) kernels are registered from Python (fxfuse/ops/).
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -93,6 +95,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          const std::optional<at::Tensor>& bias, double eps, const std::string& act,
          double act_param, bool batch_stats, std::array<bool, 2> mask) {
         return fxfuse::bn_act_backward_generic_(
+            grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask);
+      });
+  // The CUDA kernels' per-element math, built for the host (cpu/bn_act_elementwise.cpp).
+  m.def("elementwise_bn_act", &fxfuse::bn_act_elementwise_host);
+  m.def(
+      "elementwise_bn_act_backward",
+      [](const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+         const at::Tensor& var, const std::optional<at::Tensor>& weight,
+         const std::optional<at::Tensor>& bias, double eps, const std::string& act,
+         double act_param, bool batch_stats, std::array<bool, 3> mask) {
+        return fxfuse::bn_act_backward_elementwise_host(
             grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask);
       });
   m.def(

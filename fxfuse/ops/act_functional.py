@@ -7,9 +7,11 @@
   keep only the layer's input and parameters for backward, which recomputes the
   layer output instead of storing it (one wide activation less per layer).
 
-Calls the fused ops cannot serve exactly (autocast, mixed dtypes or devices,
-tensor subclasses, shapes the layer rejects, ...) run the eager composition
-instead, so bad input raises exactly what eager raises.
+Under torch.autocast (CPU, CUDA) linear_act / conv_act cast their operands as
+autocast casts F.linear / F.conv2d (their Autocast kernels, csrc/autocast/) and gelu
+runs in its input's dtype, as F.gelu does. Calls the fused ops cannot serve exactly
+(mixed dtypes or devices, tensor subclasses, shapes the layer rejects, ...) run the
+eager composition instead, so bad input raises exactly what eager raises.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from torch import Tensor
 from torch.overrides import has_torch_function
 
 from .. import _extension
-from .functional import IntPair, _all_match, _check_act, _same_padding, apply_activation, kernels_apply
+from .functional import (AUTOCAST_DEVICES, IntPair, _autocast_on, _check_act, _same_padding, apply_activation, layer_dtype,
+                         layer_kernels_apply)
 
 if _extension.loaded():  # the wrappers rely on the ops' fake kernels and autograd formulas
     from . import gelu_op as _gelu_op  # noqa: F401
@@ -38,9 +41,11 @@ def _plain(tensor: Tensor, *optional: Optional[Tensor]) -> bool:
 
 
 def _fusable(input: Tensor) -> bool:
-    """A strided floating-point input, outside autocast (which eager would apply)."""
+    """A strided floating-point input, outside autocast or under autocast on a device
+    where the fused ops cast as eager autocast does (AUTOCAST_DEVICES)."""
     return (_extension.loaded() and input.is_floating_point() and input.layout == torch.strided
-            and not input.is_nested and not torch.is_autocast_enabled(input.device.type))
+            and not input.is_nested
+            and (not _autocast_on(input.device.type) or input.device.type in AUTOCAST_DEVICES))
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
@@ -55,7 +60,7 @@ def linear_act(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, act
     """`act(F.linear(input, weight, bias))` that keeps only input, weight and bias for backward."""
     _check_act(act)
     if (_plain(input, weight, bias) and weight is not None and _fusable(input)
-            and _all_match(input, (weight, bias)) and input.dim() >= 1 and weight.dim() == 2
+            and layer_dtype(input, (weight, bias)) is not None and input.dim() >= 1 and weight.dim() == 2
             and input.shape[-1] == weight.shape[1] and (bias is None or tuple(bias.shape) == (weight.shape[0],))):
         return torch.ops.fxfuse.linear_act(input, weight, bias, act, float(act_param))
     return apply_activation(F.linear(input, weight, bias), act, act_param)
@@ -87,7 +92,7 @@ def conv_act(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, strid
 
 def _conv_args(input, weight, bias, stride, padding, dilation, groups):
     """(input, stride, padding, dilation) for fxfuse::conv_act, or None where eager must run."""
-    if not (_plain(input, weight, bias) and weight is not None and kernels_apply(input, (weight, bias))
+    if not (_plain(input, weight, bias) and weight is not None and layer_kernels_apply(input, (weight, bias))
             and weight.dim() == 4 and type(groups) is int and groups > 0
             and input.shape[1] == weight.shape[1] * groups and weight.shape[0] % groups == 0
             and (bias is None or tuple(bias.shape) == (weight.shape[0],))):

@@ -5,9 +5,14 @@ running statistics the same way, but keeps only the conv input (plus weights and
 per-channel statistics) for backward. `batch_norm_act(...)` does the same for
 `act(F.batch_norm(...))`, keeping only the BN input.
 
-Calls the fused kernels cannot serve exactly (wrong rank or dtype, autocast, a
-batch of one value per channel in training, ...) run the eager ops instead, so bad
-input raises exactly what eager raises.
+Under torch.autocast (CPU and CUDA) the fused ops follow eager's precision rules:
+their Autocast kernels (csrc/autocast/) cast the convolution's operands as autocast
+casts conv2d's, BatchNorm keeps its float32 parameters and statistics, and the
+activation runs on the low-precision result.
+
+Calls the fused kernels cannot serve exactly (wrong rank, mixed dtypes eager would
+reject, a batch of one value per channel in training, ...) run the eager ops
+instead, so bad input raises exactly what eager raises.
 """
 from __future__ import annotations
 
@@ -64,17 +69,73 @@ def _all_match(ref: Tensor, tensors: Sequence[Optional[Tensor]]) -> bool:
     return all(t is None or (t.dtype == ref.dtype and t.device == ref.device) for t in tensors)
 
 
-def kernels_apply(input: Tensor, params: Sequence[Optional[Tensor]]) -> bool:
-    """Whether the fused kernels compute this call exactly as eager would (else run eager)."""
-    if not _extension.loaded():
+# Device types for which fxfuse registers Autocast kernels (csrc/autocast/): there the
+# fused ops cast as eager autocast does; under autocast on any other device, eager runs.
+AUTOCAST_DEVICES = ("cpu", "cuda")
+_AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts (not float64)
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def _autocast_on(device_type: str) -> bool:
+    # The meta device (fxfuse's shape and memory estimates) has no autocast state to ask.
+    return device_type != "meta" and torch.is_autocast_enabled(device_type)
+
+
+def layer_dtype(input: Tensor, params: Sequence[Optional[Tensor]]) -> Optional[torch.dtype]:
+    """The dtype a conv2d / linear of `input` and `params` runs in, as eager runs it, or
+    None where the fused ops must not run it (mixed dtypes or devices eager would reject,
+    autocast on a device without fxfuse Autocast kernels).
+
+    Under torch.autocast, conv2d and linear are on autocast's lower-precision list: it
+    casts float32/float16/bfloat16 operands to the autocast dtype (float64 ones stay).
+    """
+    device = input.device.type
+    if not _autocast_on(device):
+        return input.dtype if _all_match(input, params) else None
+    if device not in AUTOCAST_DEVICES:
+        return None
+    low = torch.get_autocast_dtype(device)
+    cast = [t.dtype if t.dtype not in _AUTOCAST_CASTS else low
+            for t in (input, *params) if t is not None]
+    same_device = all(t is None or t.device == input.device for t in params)
+    return cast[0] if same_device and all(d == cast[0] for d in cast) else None
+
+
+def bn_params_apply(dtype: torch.dtype, device: torch.device, params: Sequence[Optional[Tensor]]) -> bool:
+    """Whether BatchNorm parameters / running statistics go with an input of `dtype`:
+    all of one dtype, the input's or (half / bfloat16 input, as under autocast) float32,
+    the combinations eager's batch_norm accepts."""
+    given = [t for t in params if t is not None]
+    if any(t.device != device for t in given):
         return False
-    if input.dim() != 4 or not input.is_floating_point() or input.is_complex():
+    dtypes = {t.dtype for t in given}
+    return not dtypes or dtypes == {dtype} or (dtype in _REDUCED and dtypes == {torch.float32})
+
+
+def _input_ok(input: Tensor) -> bool:
+    return (_extension.loaded() and input.dim() == 4 and input.is_floating_point() and not input.is_complex()
+            and not input.is_sparse and not input.is_quantized and input.layout == torch.strided)
+
+
+def kernels_apply(input: Tensor, bn_params: Sequence[Optional[Tensor]]) -> bool:
+    """Whether the BN(+activation) kernels compute `act(F.batch_norm(input, *bn_params))` as
+    eager would (else run eager). batch_norm and the activations are on no autocast list,
+    so autocast changes nothing here (on the devices fxfuse knows)."""
+    if not _input_ok(input):
         return False
-    if input.device.type != "meta" and torch.is_autocast_enabled(input.device.type):
+    if _autocast_on(input.device.type) and input.device.type not in AUTOCAST_DEVICES:
         return False
-    if input.is_sparse or input.is_quantized or input.layout != torch.strided:
+    return bn_params_apply(input.dtype, input.device, bn_params)
+
+
+def layer_kernels_apply(input: Tensor, layer_params: Sequence[Optional[Tensor]],
+                        bn_params: Sequence[Optional[Tensor]] = ()) -> bool:
+    """Whether a fused conv (-> BN) -> activation op computes this call as eager would,
+    autocast included (else run eager)."""
+    if not _input_ok(input):
         return False
-    return _all_match(input, params)
+    dtype = layer_dtype(input, layer_params)
+    return dtype is not None and bn_params_apply(dtype, input.device, bn_params)
 
 
 def update_running_stats(running_mean: Tensor, running_var: Tensor, mean: Tensor, var: Tensor,
@@ -104,7 +165,7 @@ def conv_bn_act(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, st
     """
     _check_act(act)
     bn_params = (running_mean, running_var, bn_weight, bn_bias)
-    if not (kernels_apply(input, (weight, bias, *bn_params)) and weight.dim() == 4
+    if not (layer_kernels_apply(input, (weight, bias), bn_params) and weight.dim() == 4
             and input.shape[1] == weight.shape[1] * groups
             and all(t is None or t.shape == (weight.shape[0],) for t in bn_params)
             and (training or running_mean is not None)):

@@ -13,7 +13,7 @@
 //   gelu       erf form             gelu_backward(approximate="none")
 //   gelu_tanh  tanh form            gelu_backward(approximate="tanh")
 //   silu       z / (1 + exp(-z))    dy * sig * (1 + z * (1 - sig))
-//   hardswish  z*min(max(z+3,0),6)/6  z < -3 ? 0 : z >= 3 ? dy : dy*(z/3 + 1/2)
+//   hardswish  z*min(max(z+3,0),6)/6  z <= -3 ? 0 : z >= 3 ? dy : dy*(z/3 + 1/2)
 //
 // Elementary functions (VMath): ATen's Vectorized exp/erf/tanh, except for float
 // in the AVX2 build, where exp and tanh are inline polynomial versions (Cephes
@@ -239,11 +239,12 @@ struct ActOp<Act::Hardswish, T> {
     const Vec kSix(T(6));
     return z * at::vec::minimum(at::vec::maximum(z + Vec(T(3)), Vec(T(0))), kSix) / kSix;
   }
+  // hardswish_backward: z <= -3 ? 0 : z < 3 ? dy * (z / 3 + 1/2) : dy.
   static Vec bwd(const Vec& dy, const Vec& z, T) {
     const Vec kThree(T(3));
     return Vec::blendv(
         Vec::blendv(dy * ((z / kThree) + Vec(T(0.5))), dy, z >= kThree), Vec(T(0)),
-        z < Vec(T(-3)));
+        z <= Vec(T(-3)));
   }
 };
 

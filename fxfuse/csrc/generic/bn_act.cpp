@@ -88,6 +88,9 @@ at::Tensor bn_act_generic(
   auto sd = stats_dtype(input.scalar_type());
   auto [invstd, scale] = inv_scale(var, weight, eps, sd);
   at::Tensor z = normalize(input.to(sd), mean, scale, bias, sd);
+  // Half / bfloat16 input: eager's batch_norm rounds z to the input dtype and the
+  // activation runs on that (a no-op cast for float / double).
+  z = z.to(input.scalar_type());
   return match_layout(act_forward(z, a, act_param), input, input.scalar_type());
 }
 
@@ -102,7 +105,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_generic(
   auto [invstd, scale] = inv_scale(var, weight, eps, sd);
   at::Tensor x = input.to(sd);
   at::Tensor g = grad_out.to(sd);
-  if (a != Act::None) g = act_backward(g, normalize(x, mean, scale, bias, sd), a, act_param);
+  if (a != Act::None) {
+    // The activation's backward in the input dtype, on z rounded to it, as eager runs
+    // it for half / bfloat16 (no-op casts for float / double).
+    const auto t = input.scalar_type();
+    g = act_backward(grad_out.to(t), normalize(x, mean, scale, bias, sd).to(t), a, act_param)
+            .to(sd);
+  }
 
   const bool need_sums = output_mask[1] || output_mask[2] || (output_mask[0] && batch_stats);
   at::Tensor xhat, sum_g, sum_gx;

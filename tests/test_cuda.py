@@ -1,0 +1,107 @@
+"""fxfuse on a CUDA GPU: the CUDA bn_act kernels (csrc/cuda/) against the generic path
+and eager, a training step, and float16 autocast.
+
+Every test here needs a GPU and an extension built with FXFUSE_CUDA=1; without them they
+skip with the reason. Where no GPU exists, `make test` still compiles the CUDA kernels
+(`make cuda-check`) and tests/test_bn_act_elementwise.py checks their per-element math
+on the host.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxfuse
+from fxfuse import _extension
+
+HAS_GPU = torch.cuda.is_available()
+HAS_CUDA_KERNELS = _extension.loaded() and torch._C._dispatch_has_kernel_for_dispatch_key("fxfuse::bn_act", "CUDA")
+
+needs_gpu = pytest.mark.skipif(
+    not HAS_GPU, reason="needs a CUDA GPU (torch.cuda.is_available() is False); the CUDA kernels are only "
+    "compiled on this machine (make cuda-check)")
+needs_cuda_kernels = pytest.mark.skipif(
+    HAS_GPU and not HAS_CUDA_KERNELS, reason="fxfuse._C was built without FXFUSE_CUDA=1: no CUDA kernels registered")
+
+ACTS = [("none", 0.0), ("relu", 0.0), ("relu6", 0.0), ("leaky_relu", 0.1), ("gelu", 0.0),
+        ("gelu_tanh", 0.0), ("silu", 0.0), ("hardswish", 0.0)]
+TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _data(dtype, channels_last, device="cuda"):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, 5, 7, generator=g, dtype=torch.float64) * 2 + 0.3
+    dy = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    sd = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    w, b = torch.rand(6, generator=g) + 0.5, torch.randn(6, generator=g)
+    x, dy = x.to(device, dtype), dy.to(device, dtype)
+    if channels_last:
+        x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
+    return x, dy, w.to(device, sd), b.to(device, sd)
+
+
+@needs_gpu
+@needs_cuda_kernels
+@pytest.mark.parametrize("act,p", ACTS)
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_cuda_kernels_match_generic(act, p, dtype, channels_last):
+    C = _extension.generic()
+    x, dy, w, b = _data(dtype, channels_last)
+    mean, var = torch.ops.fxfuse.bn_stats(x)
+    out = torch.ops.fxfuse.bn_act(x, mean, var, w, b, 1e-5, act, p)
+    ref = C.generic_bn_act(x, mean, var, w, b, 1e-5, act, p)
+    assert out.dtype == ref.dtype and out.stride() == ref.stride()
+    torch.testing.assert_close(out, ref, rtol=TOL[dtype], atol=TOL[dtype])
+    for batch_stats in (True, False):
+        got = torch.ops.fxfuse.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, [True] * 3)
+        want = C.generic_bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, [True] * 3)
+        for a, e in zip(got, want):
+            assert a.dtype == e.dtype
+            torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=10 * TOL[dtype])
+
+
+def _cnn():
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4),
+    )
+
+
+@needs_gpu
+def test_cuda_training_step_matches_eager():
+    torch.manual_seed(0)
+    model = _cnn().cuda().double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    x = torch.randn(4, 3, 8, 8, device="cuda", dtype=torch.double)
+    out, ref = optimized(x), model(x)
+    torch.testing.assert_close(out, ref)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), optimized.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    for a, b in zip(model.buffers(), optimized.buffers()):
+        torch.testing.assert_close(a, b)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_cuda_autocast_matches_eager_autocast(dtype):
+    torch.manual_seed(0)
+    model = _cnn().cuda()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    x = torch.randn(8, 3, 8, 8, device="cuda")
+    with torch.autocast("cuda", dtype=dtype):
+        out, ref = optimized(x), model(x)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    out.float().sum().backward()
+    ref.float().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), optimized.parameters()):
+        err = ((q.grad - p.grad).norm() / p.grad.norm().clamp_min(1e-12)).item()
+        assert err < 3e-2, (name, err)
+    for a, b in zip(model.buffers(), optimized.buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
