@@ -141,7 +141,13 @@ def choose_budget(model: nn.Module, memory: FusionReport, fast: FusionReport, bu
             k += 1
         return k
 
-    k = shortest_prefix(0, decision.eager_bytes - pointwise_saved - target)
+    # Start from the measured pointwise-only selection: per-site estimates of pointwise sites
+    # miss what in-place activations save, and overshooting here would recompute for nothing.
+    try:
+        baseline = selection_bytes(allowed_names([], pointwise)[0])
+    except Exception:  # noqa: BLE001 - measured again below, where failures are reported
+        baseline = decision.eager_bytes - pointwise_saved
+    k = shortest_prefix(0, baseline - target)
     while True:
         allowed, fallback = allowed_names(upgrades[:k], pointwise)
         try:
