@@ -286,9 +286,8 @@ def _run(model: nn.Module, example_inputs, options: Options, install: bool) -> F
 
 
 def _selection_bytes(model: nn.Module, inputs: tuple, allowed: frozenset) -> int:
-    trial = measure.meta_copy(model)
-    _run(trial, None, Options("memory", allowed), install=True)
-    return measure.saved_activation_bytes(trial, measure.to_meta(inputs))
+    return measure.saved_activation_bytes_meta(
+        model, inputs, prepare=lambda trial: _run(trial, None, Options("memory", allowed), install=True))
 
 
 def _decide(model: nn.Module, inputs, mode: str, memory_budget) -> tuple[Options, Optional[policy.Decision]]:

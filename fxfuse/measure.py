@@ -64,13 +64,18 @@ def to_meta(inputs: Sequence[Any]) -> tuple:
                  if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
-def saved_activation_bytes_meta(model: nn.Module, inputs: Sequence[Any]) -> int:
+def saved_activation_bytes_meta(model: nn.Module, inputs: Sequence[Any],
+                                prepare: Callable[[nn.Module], Any] | None = None) -> int:
     """`saved_activation_bytes` without real compute: one forward of a meta-device copy.
 
     Counts the same storages (meta tensors have the real shapes, dtypes and strides),
-    and nothing the user owns runs or changes.
+    and nothing the user owns runs or changes. `prepare` runs on the copy first
+    (e.g. to optimize it with a candidate selection).
     """
-    return saved_activation_bytes(meta_copy(model), to_meta(inputs))
+    copy_ = meta_copy(model)
+    if prepare is not None:
+        prepare(copy_)
+    return saved_activation_bytes(copy_, to_meta(inputs))
 
 
 def rss_bytes() -> int:
