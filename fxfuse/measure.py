@@ -54,6 +54,9 @@ def meta_copy(model: nn.Module) -> nn.Module:
     for t in (*model.parameters(), *model.buffers()):
         if isinstance(t, nn.Parameter):
             memo[id(t)] = nn.Parameter(t.detach().to("meta"), requires_grad=t.requires_grad)
+        elif t.dim() == 0 and not t.is_floating_point():
+            # Counters stay real (copied): BatchNorm(momentum=None) reads float(num_batches_tracked).
+            memo[id(t)] = t.clone()
         else:
             memo[id(t)] = t.to("meta")
     return copy.deepcopy(model, memo)

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .ops import act_functional, functional
+from .passes import known_modules
+from .passes.known_modules import is_conv2d_same, is_norm_act
 
 
 def bn_call_config(bn: nn.BatchNorm2d) -> tuple[Optional[Tensor], Optional[Tensor], bool, float]:
@@ -36,13 +38,22 @@ def _bn_tensors(bn: nn.BatchNorm2d):
     return bn.weight, bn.bias, bn.running_mean, bn.running_var
 
 
+def _eager_bn_act(y: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
+    """`act(bn(y))` run by the modules themselves; a norm-act module applies `act` in its own forward."""
+    out = bn(y)
+    return out if is_norm_act(bn) else functional.apply_activation(out, act, act_param)
+
+
 def conv_bn_act_module(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(conv(x)))`, keeping only `x` for backward."""
     if not (functional.layer_kernels_apply(x, (conv.weight, conv.bias), _bn_tensors(bn))
             and x.shape[1] == conv.in_channels and bn.num_features == conv.out_channels):
-        return functional.apply_activation(bn(conv(x)), act, act_param)
+        return _eager_bn_act(conv(x), bn, act, act_param)
     padding = conv.padding
-    if conv.padding_mode != "zeros":
+    if is_conv2d_same(conv):
+        x = known_modules.pad_same(x, conv)
+        padding = (0, 0)
+    elif conv.padding_mode != "zeros":
         x = F.pad(x, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
         padding = (0, 0)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
@@ -52,10 +63,41 @@ def conv_bn_act_module(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: str,
     )
 
 
+def conv2d_output_like(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
+                       dilation=1, groups=1) -> Tensor:
+    """A tensor with the shape, dtype and device of `F.conv2d(input, ...)`'s output, holding no data.
+
+    It stands in for a fused conv's output where the graph reads only its metadata
+    (`x.ndim`, `x.shape`, ...). The shape comes from the conv on the meta device, so
+    input that eager's conv rejects raises eager's error here too.
+    """
+    with torch.no_grad():
+        meta = F.conv2d(input.to("meta"), weight.to("meta"), None if bias is None else bias.to("meta"),
+                        stride, padding, dilation, groups)
+    dtype = meta.dtype
+    device_type = input.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type) and dtype in (
+            torch.float32, torch.float16, torch.bfloat16):
+        dtype = torch.get_autocast_dtype(device_type)
+    return torch.empty((), dtype=dtype, device=input.device).expand(meta.shape)
+
+
+def conv_module_output_like(x: Tensor, conv: nn.Conv2d) -> Tensor:
+    """`conv2d_output_like` for `conv(x)`, with the padding the module applies."""
+    padding = conv.padding
+    if is_conv2d_same(conv):
+        x = known_modules.pad_same(x.to("meta"), conv)
+        padding = (0, 0)
+    elif conv.padding_mode != "zeros":
+        x = F.pad(x.to("meta"), conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
+        padding = (0, 0)
+    return conv2d_output_like(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
+
+
 def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(x))`, keeping only `x` and the statistics for backward."""
     if not (functional.kernels_apply(x, _bn_tensors(bn)) and x.shape[1] == bn.num_features):
-        return functional.apply_activation(bn(x), act, act_param)
+        return _eager_bn_act(x, bn, act, act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
     return functional.batch_norm_act(
         x, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param

@@ -1,8 +1,14 @@
 """Tracing models with torch.fx for fxfuse's passes.
 
-`FxFuseTracer` differs from `torch.fx.Tracer` in three ways:
+`FxFuseTracer` differs from `torch.fx.Tracer` in these ways:
  * a subclass of a torch.nn module that keeps the library's `forward` is a leaf
-   (the pass can then recognise it by its type and forward);
+   (the pass can then recognise it by its type and forward), and so is a third-party
+   module the passes recognise by its type (timm's BatchNormAct2d);
+ * buffers are proxies, so in-place updates of them (`num_batches_tracked.add_(1)`,
+   an EMA's `mul_`) are graph nodes that run on every call, not once while tracing;
+ * tracing never changes the model: a module whose traced forward still writes a
+   real tensor in place (a plain tensor attribute, say) gets its values put back and
+   becomes a leaf, so the write runs on every call; the reason is recorded;
  * a submodule that cannot be traced through becomes a leaf instead of failing the
    whole trace: the partial trace is rolled back and the reason recorded;
  * it records which modules were traced through: their `training` flags are baked
@@ -15,6 +21,10 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 from torch import nn
+
+from .errors import TracingError
+from .passes.known_modules import is_known_leaf
+from .state_guard import StateGuard
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -32,16 +42,18 @@ class TraceResult:
 
 
 class FxFuseTracer(fx.Tracer):
-    def __init__(self) -> None:
+    def __init__(self, guard: StateGuard) -> None:
         super().__init__()
         self.record_stack_traces = True
+        self.proxy_buffer_attributes = True
+        self.guard = guard
         self.leaf_failures: dict[str, str] = {}
         self.traced_modules: list[str] = []
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_failures:
             return True
-        return super().is_leaf_module(m, module_qualified_name) or _library_forward(m)
+        return super().is_leaf_module(m, module_qualified_name) or _library_forward(m) or is_known_leaf(m)
 
     def call_module(self, m, forward, args, kwargs):
         path = self.path_of_module(m)
@@ -51,14 +63,22 @@ class FxFuseTracer(fx.Tracer):
         module_stack = collections.OrderedDict(self.module_stack)
         num_calls = dict(self.num_calls)
         n_traced = len(self.traced_modules)
+        self.guard.begin(m)
         try:
             out = super().call_module(m, forward, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure inside means "make it a leaf"
+            self.guard.end()
+            out, failure = None, exc
+        else:
+            changed = self.guard.end()
+            failure = _ChangesState(changed) if changed else None
+        if failure is not None:
             self._rollback(tail)
             self.module_stack = module_stack
             self.num_calls = num_calls
             del self.traced_modules[n_traced:]
-            self.leaf_failures[path] = f"{type(exc).__name__}: {first_line(exc)}"
+            self.leaf_failures[path] = str(failure) if isinstance(failure, _ChangesState) else (
+                f"{type(failure).__name__}: {first_line(failure)}")
             return super().call_module(m, forward, args, kwargs)
         if path not in self.traced_modules:
             self.traced_modules.append(path)
@@ -74,6 +94,13 @@ class FxFuseTracer(fx.Tracer):
             self.graph.erase_node(node)
 
 
+class _ChangesState(Exception):
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(
+            f"its forward changes {', '.join(names)} in a way torch.fx cannot record (assignment, or an in-place "
+            f"write to a tensor that is not a registered buffer); buffers updated in place are recorded")
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -85,16 +112,18 @@ def trace(root: nn.Module, forward_class: type | None = None) -> TraceResult:
     `forward_class`: trace that class's forward instead of `type(root).forward` (an
     optimized module traces the forward of its original class).
     """
-    tracer = FxFuseTracer()
-    if forward_class is None:
+    guard = StateGuard(root)
+    tracer = FxFuseTracer(guard)
+    cls = root.__class__
+    root.__class__ = forward_class or cls
+    guard.begin(root)
+    try:
         graph = tracer.trace(root)
-    else:
-        cls = root.__class__
-        root.__class__ = forward_class
-        try:
-            graph = tracer.trace(root)
-        finally:
-            root.__class__ = cls
+    finally:
+        root.__class__ = cls
+        changed = guard.end()
+    if changed:
+        raise TracingError(f"{type(root).__name__}: {_ChangesState(changed)}")
     return TraceResult(graph, [""] + tracer.traced_modules, dict(tracer.leaf_failures))
 
 

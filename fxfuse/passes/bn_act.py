@@ -12,7 +12,7 @@ from .. import runtime
 from ..ops import functional
 from ..report import FusedSite, SkippedSite
 from . import estimates
-from .calls import ActivationUse, BNCall, activation_after, as_batch_norm, as_conv, pattern_name
+from .calls import ActivationUse, BNCall, activation_after, as_batch_norm, as_conv, bn_activation, pattern_name
 from .context import PassContext
 from .matchers import first_input, site_name
 from .rewrite import replace_chain
@@ -44,10 +44,10 @@ def run(ctx: PassContext) -> int:
         bn, problem = as_batch_norm(bn_node, ctx)
         if bn is None and problem is None:
             continue
-        act = activation_after(bn_node, ctx)
+        act = bn_activation(bn, ctx) if bn is not None else activation_after(bn_node, ctx)
         if act is None or act.activation.name == "none":
             continue
-        names = (bn.name if bn else site_name(bn_node), site_name(act.node))
+        names = (bn.name if bn else site_name(bn_node),) + (() if act.own else (site_name(act.node),))
         pattern = pattern_name("batch_norm2d", act.activation.describe())
         if problem:
             ctx.report.skipped.append(SkippedSite(names, pattern, problem))
@@ -56,7 +56,7 @@ def run(ctx: PassContext) -> int:
             continue
         saved = estimates.activation_input_bytes(ctx.shapes, bn_node, act.activation.name, act.inplace)
         reason = _reason(bn_node, ctx)
-        replace_chain(ctx.graph, [bn_node, act.node], lambda: _build(bn, act, ctx),
+        replace_chain(ctx.graph, [bn_node, *act.chain()], lambda: _build(bn, act, ctx),
                       also_replace=(bn_node,) if act.later_users else ())
         ctx.report.fused.append(FusedSite(names, pattern, act.activation.describe(), "fxfuse::batch_norm_act",
                                           saved if ctx.shapes else None, 0 if ctx.shapes else None,

@@ -18,7 +18,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .context import PassContext
 from .matchers import (Activation, activation_of, bn_module_problem, conv_module_problem, first_input,
-                       is_bn_function, is_conv_function, site_name)
+                       is_bn_function, is_conv_function, norm_act_activation, site_name)
 
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
@@ -43,6 +43,8 @@ class BNCall:
     name: str
     module: Optional[nn.BatchNorm2d]
     args: dict[str, Any]  # functional form: F.batch_norm arguments by name
+    # The activation the module applies itself (timm's BatchNormAct2d), "none" included; None for plain BN.
+    own_act: Optional[Activation] = None
 
     @property
     def input(self) -> fx.Node:
@@ -86,7 +88,9 @@ def as_batch_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[BNCall], Op
         problem = bn_module_problem(m)
         if problem is None and (len(node.args) != 1 or node.kwargs):
             problem = "unexpected BatchNorm call arguments"
-        return (None, problem) if problem else (BNCall(node, node.target, m, {}), None)
+        if problem:
+            return None, problem
+        return BNCall(node, node.target, m, {}, norm_act_activation(m)), None
     if is_bn_function(node):
         try:
             bound = _BN_SIGNATURE.bind(*node.args, **node.kwargs)
@@ -111,6 +115,11 @@ class ActivationUse:
     # Other users of the BN output that run after an in-place activation: they see
     # the activated value, so they can read the fused output too.
     later_users: tuple[fx.Node, ...] = ()
+    own: bool = False  # applied inside the BN module itself (node is the BN node)
+
+    def chain(self) -> list[fx.Node]:
+        """The activation's node(s) to replace together with the BN node."""
+        return [] if self.own else [self.node]
 
 
 _INPLACE_FUNCTIONS = {F.relu_, F.leaky_relu_}
@@ -127,6 +136,13 @@ def _is_inplace(node: fx.Node, ctx: PassContext) -> bool:
         return True
     inplace_index = {F.relu: 1, F.relu6: 1, F.silu: 1, F.hardswish: 1, F.leaky_relu: 2}.get(node.target)
     return inplace_index is not None and len(node.args) > inplace_index and node.args[inplace_index] is True
+
+
+def bn_activation(bn: BNCall, ctx: PassContext) -> Optional[ActivationUse]:
+    """The activation fused with `bn`: the one its module applies itself, else the one applied to its output."""
+    if bn.own_act is not None and bn.own_act.name != "none":
+        return ActivationUse(bn.own_act, bn.node, bool(getattr(bn.module.act, "inplace", False)), own=True)
+    return activation_after(bn.node, ctx)
 
 
 def activation_after(bn_node: fx.Node, ctx: PassContext) -> Optional[ActivationUse]:

@@ -12,9 +12,9 @@ from .. import runtime
 from ..ops import functional
 from ..report import FusedSite, SkippedSite
 from . import estimates
-from .calls import ActivationUse, BNCall, ConvCall, activation_after, as_batch_norm, as_conv, pattern_name
+from .calls import ActivationUse, BNCall, ConvCall, as_batch_norm, as_conv, bn_activation, pattern_name
 from .context import PassContext
-from .matchers import first_input, site_name
+from .matchers import first_input, reads_only_metadata, site_name
 from .rewrite import replace_chain
 
 MODES = ("memory",)
@@ -47,8 +47,28 @@ def _build(conv: ConvCall, bn: BNCall, act: ActivationUse | None, ctx: PassConte
     return ctx.graph.call_function(functional.conv_bn_act, (), kwargs)
 
 
-def _problem(conv: ConvCall, bn: BNCall) -> str | None:
-    if len(conv.node.users) > 1:
+def _metadata_users(conv: ConvCall, bn_node: fx.Node) -> list[fx.Node] | None:
+    """The conv output's users other than the BN if they read only its metadata, else None."""
+    others = [u for u in conv.node.users if u is not bn_node]
+    return others if all(reads_only_metadata(u, conv.node) for u in others) else None
+
+
+def _redirect_metadata(conv: ConvCall, users: list[fx.Node], ctx: PassContext) -> None:
+    """Point `users` (shape/rank/dtype/device reads of the conv output) at a stand-in that has the same
+    metadata but no data, so that they run where they ran and raise what they raised."""
+    if not users:
+        return
+    with ctx.graph.inserting_before(conv.node.next):  # after the conv, in creation order
+        if conv.module is not None:
+            like = ctx.graph.call_function(runtime.conv_module_output_like, (conv.input, ctx.get_attr(conv.name)))
+        else:
+            like = ctx.graph.call_function(runtime.conv2d_output_like, (), dict(conv.args))
+    for user in users:
+        user.replace_input_with(conv.node, like)
+
+
+def _problem(conv: ConvCall, bn: BNCall, bn_node: fx.Node) -> str | None:
+    if _metadata_users(conv, bn_node) is None:
         return "the conv output has other users, so it must be kept anyway"
     if bn.module is not None and conv.module is None:
         return "F.conv2d followed by a BatchNorm2d module is not fused (mixed forms)"
@@ -73,11 +93,11 @@ def run(ctx: PassContext) -> int:
         conv, conv_problem = as_conv(src, ctx)
         if conv is None and conv_problem is None:
             continue
-        act = activation_after(bn_node, ctx) if bn is not None else None
+        act = bn_activation(bn, ctx) if bn is not None else None
         names = (conv.name if conv else site_name(src), bn.name if bn else site_name(bn_node))
-        if act is not None:
+        if act is not None and not act.own:
             names += (site_name(act.node),)
-        problem = bn_problem or conv_problem or _problem(conv, bn)
+        problem = bn_problem or conv_problem or _problem(conv, bn, bn_node)
         if problem:
             ctx.report.skipped.append(SkippedSite(names, _pattern(act), problem))
             continue
@@ -85,7 +105,8 @@ def run(ctx: PassContext) -> int:
             continue
         saved = _saved_bytes(ctx, conv, bn, act)
         flops = estimates.conv_flops(ctx.shapes, conv.node, _weight_shape(conv, ctx), 1)
-        chain = [conv.node, bn_node] + ([act.node] if act else [])
+        _redirect_metadata(conv, _metadata_users(conv, bn_node), ctx)
+        chain = [conv.node, bn_node] + (act.chain() if act else [])
         replace_chain(ctx.graph, chain, lambda: _build(conv, bn, act, ctx),
                       also_replace=(bn_node,) if act and act.later_users else ())
         ctx.report.fused.append(FusedSite(names, _pattern(act), act.activation.describe() if act else "none",

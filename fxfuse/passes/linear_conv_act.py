@@ -19,6 +19,7 @@ from ..ops import act_functional
 from ..report import FusedSite, SkippedSite
 from . import estimates
 from .calls import activation_after, as_conv, pattern_name
+from .known_modules import is_conv2d_same
 from .context import PassContext
 from .matchers import has_hooks, site_name
 from .rewrite import replace_chain
@@ -64,6 +65,8 @@ def _conv_args(conv, ctx: PassContext) -> tuple[Optional[Callable[[], dict]], Op
     if conv.module is None:
         return lambda: dict(conv.args), None
     m = conv.module
+    if is_conv2d_same(m):
+        return None, "timm Conv2dSame (padding computed per call) followed by an activation is not fused"
     if m.padding_mode != "zeros":
         return None, f"padding_mode={m.padding_mode!r} conv→activation is not fused"
     return lambda: {"input": conv.input, "weight": ctx.get_attr(f"{conv.name}.weight"),

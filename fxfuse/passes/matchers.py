@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .known_modules import is_conv2d_same, is_norm_act
+
 
 @dataclass(frozen=True)
 class Activation:
@@ -40,7 +42,8 @@ def conv_module_problem(m: nn.Module) -> Optional[str]:
     """Why module `m` cannot be fused as a Conv2d (None if it can)."""
     if not isinstance(m, nn.Conv2d):
         return f"{type(m).__name__} is not a Conv2d"
-    if type(m).forward is not nn.Conv2d.forward or type(m)._conv_forward is not nn.Conv2d._conv_forward:
+    if type(m)._conv_forward is not nn.Conv2d._conv_forward or (
+            type(m).forward is not nn.Conv2d.forward and not is_conv2d_same(m)):
         return f"{type(m).__name__} overrides Conv2d.forward"
     if isinstance(m.weight, nn.parameter.UninitializedParameter):
         return "LazyConv2d is not initialized yet (run one forward first)"
@@ -55,6 +58,8 @@ def bn_module_problem(m: nn.Module) -> Optional[str]:
         return "SyncBatchNorm all-reduces statistics across processes; not fused"
     if not isinstance(m, nn.BatchNorm2d):
         return f"{type(m).__name__} is not a BatchNorm2d"
+    if is_norm_act(m):
+        return norm_act_problem(m)
     if type(m).forward is not _BatchNorm.forward or type(m)._check_input_dim is not nn.BatchNorm2d._check_input_dim:
         return f"{type(m).__name__} overrides BatchNorm2d.forward"
     if isinstance(m.weight, nn.parameter.UninitializedParameter) or isinstance(
@@ -63,6 +68,21 @@ def bn_module_problem(m: nn.Module) -> Optional[str]:
     if has_hooks(m):
         return "the BatchNorm module has hooks, which the fused op would not run"
     return None
+
+
+def norm_act_problem(m: nn.Module) -> Optional[str]:
+    """Why a timm BatchNormAct2d's drop/act cannot be part of a fused op (None if they can)."""
+    drop, act = getattr(m, "drop", None), getattr(m, "act", None)
+    if type(drop) is not nn.Identity or has_hooks(drop):
+        return f"{type(m).__name__}.drop is {type(drop).__name__}, which the fused op does not apply"
+    if act is None or has_hooks(act) or module_activation(act) is None:
+        return f"{type(m).__name__}.act is {type(act).__name__}, which fxfuse has no fused kernel for"
+    return None
+
+
+def norm_act_activation(m: nn.Module) -> Optional[Activation]:
+    """The activation a timm BatchNormAct2d applies itself ("none" for apply_act=False); None for other modules."""
+    return module_activation(m.act) if is_norm_act(m) else None
 
 
 def is_conv_function(node: fx.Node) -> bool:
@@ -87,20 +107,36 @@ def _arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
     return node.kwargs.get(name, default)
 
 
+# timm's activation modules whose forward is exactly one torch activation (timm.layers.activations).
+_TIMM_ACT_FORWARDS = {"GELU.forward": "gelu", "GELUTanh.forward": "gelu_tanh"}
+
+
+def module_activation(m: nn.Module) -> Optional[Activation]:
+    """The activation module `m` computes (nn.Identity: "none"), or None."""
+    if type(m) in _ACT_MODULES:
+        return Activation(_ACT_MODULES[type(m)])
+    if type(m) is nn.Identity:
+        return Activation("none")
+    if type(m) is nn.LeakyReLU:
+        return Activation("leaky_relu", float(m.negative_slope))
+    if type(m) is nn.GELU:
+        return Activation("gelu_tanh" if m.approximate == "tanh" else "gelu") if m.approximate in (
+            "none", "tanh") else None
+    forward = type(m).forward
+    if getattr(forward, "__module__", None) == "timm.layers.activations":
+        name = _TIMM_ACT_FORWARDS.get(getattr(forward, "__qualname__", ""))
+        return Activation(name) if name else None
+    return None
+
+
 def activation_of(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[Activation]:
     """The activation `node` computes of its first input, or None."""
     if node.op == "call_module":
         m = modules.get(node.target)
         if m is None or has_hooks(m):
             return None
-        if type(m) in _ACT_MODULES:
-            return Activation(_ACT_MODULES[type(m)])
-        if type(m) is nn.LeakyReLU:
-            return Activation("leaky_relu", float(m.negative_slope))
-        if type(m) is nn.GELU:
-            return Activation("gelu_tanh" if m.approximate == "tanh" else "gelu") if m.approximate in (
-                "none", "tanh") else None
-        return None
+        act = module_activation(m)
+        return None if act is None or act.name == "none" else act
     if node.op == "call_function":
         if node.target in _ACT_FUNCTIONS:
             return Activation(_ACT_FUNCTIONS[node.target])
@@ -116,6 +152,19 @@ def activation_of(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[Acti
     if node.op == "call_method" and node.target in _ACT_METHODS:
         return Activation(_ACT_METHODS[node.target])
     return None
+
+
+_METADATA_ATTRIBUTES = ("ndim", "shape", "dtype", "device")
+_METADATA_METHODS = ("size", "dim")
+
+
+def reads_only_metadata(user: fx.Node, node: fx.Node) -> bool:
+    """Whether `user` reads nothing of `node` but its rank, shape, dtype or device."""
+    if user.kwargs or not user.args or user.args[0] is not node or node in user.args[1:]:
+        return False
+    if user.op == "call_function" and user.target is getattr:
+        return len(user.args) == 2 and user.args[1] in _METADATA_ATTRIBUTES
+    return user.op == "call_method" and user.target in _METADATA_METHODS
 
 
 def first_input(node: fx.Node) -> Optional[fx.Node]:
@@ -149,4 +198,5 @@ def site_name(node: fx.Node) -> str:
 
 
 __all__ = ["Activation", "activation_of", "bn_module_problem", "conv_module_problem", "first_input",
-           "is_bn_function", "is_conv_function", "module_of", "node_scope", "single_user", "site_name"]
+           "is_bn_function", "is_conv_function", "module_activation", "module_of", "node_scope",
+           "norm_act_activation", "reads_only_metadata", "single_user", "site_name"]

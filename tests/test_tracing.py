@@ -1,0 +1,195 @@
+"""Tracing never changes the model and never drops a state change.
+
+Modules that update their own state in forward (buffer counters, EMAs, hand-written
+running statistics) are traced through; the updates must be graph nodes that run on
+every call, in train and in eval, exactly as eager runs them. A write torch.fx cannot
+record makes the module a leaf (said in the report), or an error for the root.
+"""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import fxfuse
+from fxfuse.errors import TracingError
+from fxfuse.testing import assert_equivalent
+
+F64 = torch.float64
+
+
+class Tracker(nn.Module):
+    """Counts every call and training step and keeps an EMA of its input's channel means."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("ema", torch.zeros(c))
+
+    def forward(self, y):
+        self.calls.add_(1)
+        if self.training:
+            self.steps += 1
+            self.ema.mul_(0.9).add_(y.detach().mean((0, 2, 3)), alpha=0.1)
+        return y
+
+
+class HandNorm(nn.Module):
+    """A hand-written per-channel norm with running statistics updated by `running_mean.mul_(...)`."""
+
+    def __init__(self, c, momentum=0.2):
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("running_mean", torch.zeros(1, c, 1, 1))
+
+    def forward(self, y):
+        if self.training:
+            mean = y.mean((0, 2, 3), keepdim=True)
+            self.running_mean.mul_(1 - self.momentum).add_(mean.detach(), alpha=self.momentum)
+        else:
+            mean = self.running_mean
+        return y - mean
+
+
+class PlainCounter(nn.Module):
+    """Keeps its counter as a plain tensor attribute: torch.fx cannot see writes to it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = torch.zeros((), dtype=torch.long)
+
+    def forward(self, y):
+        self.count.add_(1)
+        return y
+
+
+class StatefulNet(nn.Module):
+    def __init__(self, counter=False):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.track = Tracker(8)
+        self.norm = HandNorm(8)
+        self.counter = PlainCounter() if counter else nn.Identity()
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.track(torch.relu(self.bn1(self.conv1(x))))
+        y = self.counter(self.norm(y))
+        y = torch.relu(self.bn2(self.conv2(y)))
+        return self.head(y.mean((2, 3)))
+
+
+def _snapshot(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _assert_state_identical(model, snapshot):
+    state = model.state_dict()
+    assert state.keys() == snapshot.keys()
+    changed = [k for k, v in state.items() if not torch.equal(v, snapshot[k])]
+    assert not changed, f"optimize changed {changed}"
+
+
+@pytest.mark.parametrize("counter", [False, True], ids=["buffers", "plain-attribute"])
+def test_optimize_leaves_every_tensor_bit_identical(counter):
+    model = StatefulNet(counter).to(F64)
+    before = _snapshot(model)
+    count = model.counter.count.clone() if counter else None
+    fxfuse.optimize(model, torch.randn(2, 3, 8, 8, dtype=F64))
+    _assert_state_identical(model, before)
+    if counter:
+        assert torch.equal(model.counter.count, count)
+
+
+@pytest.mark.parametrize("counter", [False, True], ids=["buffers", "plain-attribute"])
+def test_state_updates_run_every_call_in_train_and_eval(counter):
+    torch.manual_seed(0)
+    model = StatefulNet(counter).to(F64)
+    x = torch.randn(2, 3, 8, 8, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    assert len(optimized.fxfuse_report.fused) == 2
+    assert_equivalent(model, optimized, x, steps=3)
+    # The same three steps and two eval calls by hand: the counters themselves.
+    for m in (model, optimized):
+        for _ in range(3):
+            m.train()(x).sum().backward()
+        m.eval()(x), m(x)
+    for m in (model, optimized):
+        assert m.track.calls.item() == 5 and m.track.steps.item() == 3
+        assert m.bn2.num_batches_tracked.item() == 3
+        if counter:
+            assert m.counter.count.item() == 5
+    torch.testing.assert_close(optimized.norm.running_mean, model.norm.running_mean, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(optimized.track.ema, model.track.ema, rtol=1e-12, atol=1e-14)
+
+
+def test_unrecordable_write_makes_the_module_a_leaf_with_a_reason():
+    model = StatefulNet(counter=True)
+    report = fxfuse.explain(model)
+    notes = [n for n in report.notes if n.startswith("counter:")]
+    assert notes and "changes counter.count" in notes[0] and "kept as a leaf" in notes[0]
+    assert model.counter.count.item() == 0
+
+
+class RootCounter(StatefulNet):
+    def __init__(self):
+        super().__init__()
+        self.calls = torch.zeros((), dtype=torch.long)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return super().forward(x)
+
+
+def test_unrecordable_write_in_the_root_optimizes_its_submodules_and_changes_nothing():
+    torch.manual_seed(0)
+    model = RootCounter().to(F64)
+    before = _snapshot(model)
+    x = torch.randn(2, 3, 8, 8, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    _assert_state_identical(model, before)
+    assert optimized.calls.item() == 0
+    notes = optimized.fxfuse_report.notes
+    assert any("RootCounter: forward is not traceable" in n and "changes calls" in n for n in notes), notes
+    assert_equivalent(model, optimized, x, steps=3)
+    optimized(x)
+    assert optimized.calls.item() == 1
+
+
+def test_unrecordable_write_everywhere_is_an_error_that_changes_nothing():
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+            self.calls = torch.zeros((), dtype=torch.long)
+
+        def forward(self, x):
+            self.calls.add_(1)
+            return self.bn(self.conv(x))
+
+    model = Counting()
+    with pytest.raises(TracingError, match="changes calls"):
+        fxfuse.optimize(model)
+    assert model.calls.item() == 0 and not fxfuse.fusion.is_optimized(model)
+
+
+def test_batchnorm_counter_traced_through_counts_every_step():
+    """The pattern timm's BatchNormAct2d had: a BN subclass with a hand-copied forward, traced through."""
+
+    class CopiedBN(nn.BatchNorm2d):
+        def forward(self, x):
+            torch._assert(x.ndim == 4, "expected 4D input")
+            self.num_batches_tracked.add_(1)
+            return torch.nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                                  self.training, 0.1, self.eps)
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), CopiedBN(4), nn.ReLU()).to(F64)
+    x = torch.randn(2, 3, 8, 8, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    assert [s.pattern for s in optimized.fxfuse_report.fused] == ["conv2d→batch_norm2d→relu"]
+    assert model[1].num_batches_tracked.item() == 0
+    assert_equivalent(model, optimized, x, steps=3)
+    with pytest.raises(AssertionError, match="expected 4D input"):
+        optimized(torch.randn(3, 8, 8, dtype=F64))
