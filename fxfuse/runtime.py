@@ -1,7 +1,9 @@
 """Functions that rewritten graphs call for module-form patterns (and `add_into`).
 
-They take the user's own Conv2d/BatchNorm2d modules, so parameters, buffers and
-`training` flags are read at call time and the modules stay their owners. Calls the
+Every module-form site calls one of the `*_module` functions here with the user's own
+modules (Conv2d, BatchNorm2d, Linear), so parameters, buffers, padding and `training`
+flags are read at call time, the same way for every pattern, and the modules stay
+their owners. Functional-form sites call the ops in fxfuse.ops directly. Calls the
 fused kernels cannot serve exactly run the modules themselves (eager semantics and
 eager errors). Also `gelu_where_faster`, which rewritten standalone GELUs call.
 """
@@ -38,6 +40,16 @@ def _bn_tensors(bn: nn.BatchNorm2d):
     return bn.weight, bn.bias, bn.running_mean, bn.running_var
 
 
+def _conv_input(x: Tensor, conv: nn.Conv2d) -> tuple[Tensor, Any]:
+    """(input, padding) of the F.conv2d call `conv(x)` makes: Conv2dSame pads "same" from the input size,
+    padding modes other than zeros pad first; both then convolve without padding."""
+    if is_conv2d_same(conv):
+        return known_modules.pad_same(x, conv), (0, 0)
+    if conv.padding_mode != "zeros":
+        return F.pad(x, conv._reversed_padding_repeated_twice, mode=conv.padding_mode), (0, 0)
+    return x, conv.padding
+
+
 def _eager_bn_act(y: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(y))` run by the modules themselves; a norm-act module applies `act` in its own forward."""
     out = bn(y)
@@ -49,13 +61,7 @@ def conv_bn_act_module(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: str,
     if not (functional.layer_kernels_apply(x, (conv.weight, conv.bias), _bn_tensors(bn))
             and x.shape[1] == conv.in_channels and bn.num_features == conv.out_channels):
         return _eager_bn_act(conv(x), bn, act, act_param)
-    padding = conv.padding
-    if is_conv2d_same(conv):
-        x = known_modules.pad_same(x, conv)
-        padding = (0, 0)
-    elif conv.padding_mode != "zeros":
-        x = F.pad(x, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
-        padding = (0, 0)
+    x, padding = _conv_input(x, conv)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
     return functional.conv_bn_act(
         x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
@@ -84,14 +90,20 @@ def conv2d_output_like(input: Tensor, weight: Tensor, bias: Optional[Tensor] = N
 
 def conv_module_output_like(x: Tensor, conv: nn.Conv2d) -> Tensor:
     """`conv2d_output_like` for `conv(x)`, with the padding the module applies."""
-    padding = conv.padding
-    if is_conv2d_same(conv):
-        x = known_modules.pad_same(x.to("meta"), conv)
-        padding = (0, 0)
-    elif conv.padding_mode != "zeros":
-        x = F.pad(x.to("meta"), conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
-        padding = (0, 0)
+    x, padding = _conv_input(x.to("meta"), conv)
     return conv2d_output_like(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
+
+
+def conv_act_module(x: Tensor, conv: nn.Conv2d, act: str, act_param: float) -> Tensor:
+    """`act(conv(x))`, keeping only `x` for backward."""
+    x, padding = _conv_input(x, conv)
+    return act_functional.conv_act(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
+                                   act, act_param)
+
+
+def linear_act_module(x: Tensor, linear: nn.Linear, act: str, act_param: float) -> Tensor:
+    """`act(linear(x))`, keeping only `x` for backward."""
+    return act_functional.linear_act(x, linear.weight, linear.bias, act, act_param)
 
 
 def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
@@ -104,20 +116,43 @@ def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> 
     )
 
 
-# fxfuse::gelu against F.gelu, forward + backward, CPU float32, interleaved in one process
-# (benchmarks/bench_gelu.py --only gelu): 0.70-0.74x eager's time on channels_last 4-D inputs of
-# 1.2M and 3.2M elements with approximate="none" (eager's GELU is slower on that layout than on
-# contiguous tensors); no faster on contiguous inputs, with approximate="tanh", or in float64; slower
-# on small tensors (25k elements), where the custom op's dispatch overhead dominates. Sizes between
-# were not measured reliably (loaded machine), hence the conservative threshold.
+# fxfuse::gelu against F.gelu, forward + backward, CPU float32 (benchmarks/bench_gelu.py --only gelu):
+# 0.70-0.74x eager's time on channels_last 4-D inputs of 1.2M and 3.2M elements with
+# approximate="none"; no faster on contiguous inputs, with approximate="tanh", or in float64;
+# slower on small tensors (25k elements), where the custom op's dispatch overhead dominates.
 GELU_FAST_MIN_NUMEL = 1 << 20
+_GELU_FAST = "fxfuse::gelu measured faster than eager for channels_last float32 CPU inputs"
+
+
+def gelu_rule(approximate: str, dtype: Optional[torch.dtype] = None, shape=None,
+              channels_last: bool = False) -> tuple[bool, str]:
+    """(whether fxfuse::gelu was measured faster than F.gelu for such a CPU input, why).
+
+    `channels_last`: the input is channels_last and not also contiguous. The GELU pass
+    asks with the example input's metadata (dtype None: not known before run time),
+    `gelu_where_faster` with each call's input.
+    """
+    if approximate != "none":
+        return False, "approximate='tanh': fxfuse::gelu measured no faster than eager"
+    if dtype is None:
+        return True, f"layout known only at run time: dispatches per call ({_GELU_FAST}; F.gelu otherwise)"
+    if dtype != torch.float32:
+        return False, f"{dtype}: fxfuse::gelu measured no faster than eager"
+    if len(shape) != 4 or not channels_last:
+        return False, "input not channels_last: fxfuse::gelu measured no faster than eager"
+    numel = 1
+    for size in shape:
+        numel *= size
+    if numel < GELU_FAST_MIN_NUMEL:
+        return False, f"{numel} elements: too few for fxfuse::gelu to be faster"
+    return True, f"channels_last float32 input; {_GELU_FAST}"
 
 
 def gelu_is_faster(input: Tensor, approximate: str) -> bool:
     """Whether fxfuse::gelu was measured faster than F.gelu for a call like this one."""
-    return (approximate == "none" and isinstance(input, Tensor) and input.device.type == "cpu"
-            and input.dtype == torch.float32 and input.dim() == 4 and input.numel() >= GELU_FAST_MIN_NUMEL
-            and input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous())
+    return (isinstance(input, Tensor) and input.device.type == "cpu" and gelu_rule(
+        approximate, input.dtype, input.shape,
+        input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous())[0])
 
 
 def gelu_where_faster(input: Tensor, approximate: str = "none") -> Tensor:

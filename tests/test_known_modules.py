@@ -146,3 +146,9 @@ def test_timm_blocks_with_squeeze_excite():
     ).to(F64)
     x = torch.randn(2, 3, 16, 16, dtype=F64)
     _check(model, x, ["conv2d→batch_norm2d→silu", "conv2d→batch_norm2d→relu", "conv2d→batch_norm2d"])
+
+
+def test_conv2d_same_then_activation_is_fused():
+    torch.manual_seed(0)
+    model = nn.Sequential(Conv2dSame(3, 8, 3, stride=2), nn.SiLU()).to(F64)
+    _check(model, torch.randn(2, 3, 9, 9, dtype=F64), ["conv2d→silu"])

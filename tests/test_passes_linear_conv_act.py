@@ -73,3 +73,13 @@ def test_convnext_tiny_is_exact():
     optimized = fxfuse.optimize(copy.deepcopy(model))
     assert _ops(optimized).count("fxfuse::linear_act") == 18  # every block's MLP
     assert_equivalent(model, optimized, torch.randn(2, 3, 32, 32), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("padding_mode", ["reflect", "circular"])
+def test_conv_with_a_padding_mode_is_fused_like_every_module_site(padding_mode):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, padding_mode=padding_mode), nn.GELU()).double()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    assert _ops(optimized) == ["fxfuse::conv_act"]
+    assert_equivalent(model, optimized, x, steps=2)

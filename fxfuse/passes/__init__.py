@@ -1,15 +1,17 @@
 """fxfuse's graph passes, run in forward order over one traced graph.
 
-Each pass is `run(ctx: PassContext) -> int` (number of sites rewritten); it refuses
-unsafe matches first (recording why in ctx.report.skipped), then rewrites through
-`rewrite.replace_chain`.
+Each pass is a callable `(ctx: PassContext) -> int` (number of sites rewritten). The
+fusing passes are `driver.FusionPass`es: a matcher per pattern, one driver that
+records skipped sites with their reasons, applies the policy's selection, rewrites
+through `rewrite.replace_chain` and reports. `inplace_add` rewrites through
+`replace_chain` too, but reports no sites (it saves an allocation, not memory).
 """
 from __future__ import annotations
 
 from . import bn_act, conv_bn_act, gelu, inplace_add, linear_conv_act
-from .context import MODES, PassContext
+from .context import PassContext
 
-PASSES = (conv_bn_act.run, bn_act.run, linear_conv_act.run, gelu.run, inplace_add.run)
+PASSES = (conv_bn_act.PASS, bn_act.PASS, linear_conv_act.PASS, gelu.PASS, inplace_add.run)
 
 
 def run_passes(ctx: PassContext) -> int:
@@ -18,4 +20,4 @@ def run_passes(ctx: PassContext) -> int:
     return total
 
 
-__all__ = ["MODES", "PASSES", "PassContext", "run_passes"]
+__all__ = ["PASSES", "PassContext", "run_passes"]

@@ -6,19 +6,20 @@ output. Needs an activation: a BN alone already keeps only its input.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch.fx as fx
 
 from .. import runtime
 from ..ops import functional
-from ..report import FusedSite, SkippedSite
 from . import estimates
-from .calls import ActivationUse, BNCall, activation_after, as_batch_norm, as_conv, bn_activation, pattern_name
+from .calls import ActivationUse, LayerCall, activation_after, as_batch_norm, as_conv, bn_activation, pattern_name
 from .context import PassContext
+from .driver import FusionPass, Site
 from .matchers import first_input, site_name
-from .rewrite import replace_chain
 
 
-def _build(bn: BNCall, act: ActivationUse, ctx: PassContext) -> fx.Node:
+def _build(bn: LayerCall, act: ActivationUse, ctx: PassContext) -> fx.Node:
     name, param = act.activation.name, act.activation.param
     if bn.module is not None:
         return ctx.graph.call_function(runtime.bn_act_module, (bn.input, ctx.get_attr(bn.name), name, param))
@@ -36,31 +37,22 @@ def _reason(bn_node: fx.Node, ctx: PassContext) -> str:
     return reason
 
 
-def run(ctx: PassContext) -> int:
-    fused = 0
-    for bn_node in list(ctx.graph.nodes):
-        if bn_node.graph is not ctx.graph or bn_node.op not in ("call_module", "call_function"):
-            continue
-        bn, problem = as_batch_norm(bn_node, ctx)
-        if bn is None and problem is None:
-            continue
-        act = bn_activation(bn, ctx) if bn is not None else activation_after(bn_node, ctx)
-        if act is None or act.activation.name == "none":
-            continue
-        names = (bn.name if bn else site_name(bn_node),) + (() if act.own else (site_name(act.node),))
-        pattern = pattern_name("batch_norm2d", act.activation.describe())
-        if problem:
-            ctx.report.skipped.append(SkippedSite(names, pattern, problem))
-            continue
-        if ctx.allowed is not None and names not in ctx.allowed:
-            continue
-        saved = estimates.activation_input_bytes(ctx.shapes, bn_node, act.activation.name, act.inplace)
-        reason = _reason(bn_node, ctx)
-        replace_chain(ctx.graph, [bn_node, *act.chain()], lambda: _build(bn, act, ctx),
-                      also_replace=(bn_node,) if act.later_users else ())
-        ctx.report.fused.append(FusedSite(names, pattern, act.activation.describe(), "fxfuse::batch_norm_act",
-                                          saved if ctx.shapes else None, 0 if ctx.shapes else None,
-                                          reason, ctx.mode))
-        fused += 1
-    return fused
+def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
+    bn, problem = as_batch_norm(bn_node, ctx)
+    if bn is None and problem is None:
+        return None
+    act = bn_activation(bn, ctx) if bn is not None else activation_after(bn_node, ctx)
+    if act is None or act.activation.name == "none":
+        return None
+    names = (bn.name if bn else site_name(bn_node),) + (() if act.own else (site_name(act.node),))
+    pattern = pattern_name("batch_norm2d", act.activation.describe())
+    if problem:
+        return Site(names, pattern, problem)
+    saved = estimates.activation_input_bytes(ctx.shapes, bn_node, act.activation.name, act.inplace)
+    return Site(names, pattern, chain=[bn_node, *act.chain()], build=lambda: _build(bn, act, ctx),
+                also_replace=(bn_node,) if act.later_users else (), activation=act.activation.describe(),
+                op="fxfuse::batch_norm_act", saved_bytes=saved if ctx.shapes else None,
+                recompute_flops=0 if ctx.shapes else None, reason=_reason(bn_node, ctx))
 
+
+PASS = FusionPass(match)

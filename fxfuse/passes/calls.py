@@ -26,24 +26,14 @@ _BN_SIGNATURE = inspect.signature(F.batch_norm)
 
 
 @dataclass
-class ConvCall:
+class LayerCall:
+    """A Conv2d or BatchNorm2d call: the module (module form) or the F.* arguments by name (functional form)."""
+
     node: fx.Node
     name: str
-    module: Optional[nn.Conv2d]
-    args: dict[str, Any]  # functional form: F.conv2d arguments by name
-
-    @property
-    def input(self) -> fx.Node:
-        return self.node.args[0] if self.module is not None else self.args["input"]
-
-
-@dataclass
-class BNCall:
-    node: fx.Node
-    name: str
-    module: Optional[nn.BatchNorm2d]
-    args: dict[str, Any]  # functional form: F.batch_norm arguments by name
-    # The activation the module applies itself (timm's BatchNormAct2d), "none" included; None for plain BN.
+    module: Optional[nn.Module]
+    args: dict[str, Any]
+    # BN only: the activation the module applies itself (timm's BatchNormAct2d), "none" included.
     own_act: Optional[Activation] = None
 
     @property
@@ -60,7 +50,7 @@ def _bind_conv(node: fx.Node) -> Optional[dict[str, Any]]:
     return bound if "input" in bound and "weight" in bound else None
 
 
-def as_conv(node: fx.Node, ctx: PassContext) -> tuple[Optional[ConvCall], Optional[str]]:
+def as_conv(node: fx.Node, ctx: PassContext) -> tuple[Optional[LayerCall], Optional[str]]:
     if node.op == "call_module":
         m = ctx.modules.get(node.target)
         if not isinstance(m, nn.Conv2d):
@@ -68,7 +58,7 @@ def as_conv(node: fx.Node, ctx: PassContext) -> tuple[Optional[ConvCall], Option
         problem = conv_module_problem(m)
         if problem is None and (len(node.args) != 1 or node.kwargs):
             problem = "unexpected conv call arguments"
-        return (None, problem) if problem else (ConvCall(node, node.target, m, {}), None)
+        return (None, problem) if problem else (LayerCall(node, node.target, m, {}), None)
     if is_conv_function(node):
         args = _bind_conv(node)
         if args is None:
@@ -76,11 +66,21 @@ def as_conv(node: fx.Node, ctx: PassContext) -> tuple[Optional[ConvCall], Option
         for key in ("stride", "padding", "dilation", "groups"):
             if isinstance(args[key], fx.Node):
                 return None, f"F.conv2d {key} is computed at run time"
-        return ConvCall(node, site_name(node), None, args), None
+        return LayerCall(node, site_name(node), None, args), None
     return None, None
 
 
-def as_batch_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[BNCall], Optional[str]]:
+def conv_arguments(conv: LayerCall, ctx: PassContext) -> dict[str, Any]:
+    """F.conv2d's arguments for `conv`; for a module, get_attr nodes of its parameters (at the insertion point)."""
+    if conv.module is None:
+        return dict(conv.args)
+    m = conv.module
+    return {"input": conv.input, "weight": ctx.get_attr(f"{conv.name}.weight"),
+            "bias": ctx.get_attr(f"{conv.name}.bias") if m.bias is not None else None,
+            "stride": m.stride, "padding": m.padding, "dilation": m.dilation, "groups": m.groups}
+
+
+def as_batch_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[LayerCall], Optional[str]]:
     if node.op == "call_module":
         m = ctx.modules.get(node.target)
         if not isinstance(m, _BatchNorm):
@@ -90,7 +90,7 @@ def as_batch_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[BNCall], Op
             problem = "unexpected BatchNorm call arguments"
         if problem:
             return None, problem
-        return BNCall(node, node.target, m, {}, norm_act_activation(m)), None
+        return LayerCall(node, node.target, m, {}, norm_act_activation(m)), None
     if is_bn_function(node):
         try:
             bound = _BN_SIGNATURE.bind(*node.args, **node.kwargs)
@@ -103,7 +103,7 @@ def as_batch_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[BNCall], Op
                 return None, f"F.batch_norm {key} is not a constant number"
         if isinstance(args["training"], fx.Node):
             return None, "F.batch_norm training flag is computed at run time"
-        return BNCall(node, site_name(node), None, args), None
+        return LayerCall(node, site_name(node), None, args), None
     return None, None
 
 
@@ -138,7 +138,7 @@ def _is_inplace(node: fx.Node, ctx: PassContext) -> bool:
     return inplace_index is not None and len(node.args) > inplace_index and node.args[inplace_index] is True
 
 
-def bn_activation(bn: BNCall, ctx: PassContext) -> Optional[ActivationUse]:
+def bn_activation(bn: LayerCall, ctx: PassContext) -> Optional[ActivationUse]:
     """The activation fused with `bn`: the one its module applies itself, else the one applied to its output."""
     if bn.own_act is not None and bn.own_act.name != "none":
         return ActivationUse(bn.own_act, bn.node, bool(getattr(bn.module.act, "inplace", False)), own=True)

@@ -9,14 +9,11 @@ from torch import nn
 
 from ..report import FusionReport
 
-MODES = ("memory", "fast")
-
-
 @dataclass
 class PassContext:
     graph: fx.Graph
     root: nn.Module
-    mode: str
+    mode: str  # "memory" or "fast" (Options.pass_mode): which passes run
     report: FusionReport
     # Fake-propagated tensor metadata of the traced graph, when example inputs were given.
     shapes: dict[fx.Node, object] = field(default_factory=dict)

@@ -6,54 +6,42 @@ activation's backward needs its input).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch.fx as fx
 
 from .. import runtime
 from ..ops import functional
-from ..report import FusedSite, SkippedSite
 from . import estimates
-from .calls import ActivationUse, BNCall, ConvCall, as_batch_norm, as_conv, bn_activation, pattern_name
+from .calls import ActivationUse, LayerCall, as_batch_norm, as_conv, bn_activation, conv_arguments, pattern_name
 from .context import PassContext
+from .driver import FusionPass, Site
+from .known_modules import is_conv2d_same
 from .matchers import first_input, reads_only_metadata, site_name
-from .rewrite import replace_chain
 
-MODES = ("memory",)
 REASON = "keeps the conv input; recomputes conv, BN-apply and activation in backward"
 
 
-def _pattern(act: ActivationUse | None) -> str:
-    return pattern_name("conv2d", "batch_norm2d", *([act.activation.describe()] if act else []))
-
-
-def _functional_conv_args(conv: ConvCall, ctx: PassContext) -> dict:
-    if conv.module is not None:
-        m = conv.module
-        return {"input": conv.input, "weight": ctx.get_attr(f"{conv.name}.weight"),
-                "bias": ctx.get_attr(f"{conv.name}.bias") if m.bias is not None else None,
-                "stride": m.stride, "padding": m.padding, "dilation": m.dilation, "groups": m.groups}
-    return dict(conv.args)
-
-
-def _build(conv: ConvCall, bn: BNCall, act: ActivationUse | None, ctx: PassContext) -> fx.Node:
+def _build(conv: LayerCall, bn: LayerCall, act: Optional[ActivationUse], ctx: PassContext) -> fx.Node:
     act_name, act_param = (act.activation.name, act.activation.param) if act else ("none", 0.0)
     if conv.module is not None and bn.module is not None:
         return ctx.graph.call_function(
             runtime.conv_bn_act_module,
             (conv.input, ctx.get_attr(conv.name), ctx.get_attr(bn.name), act_name, act_param))
-    kwargs = _functional_conv_args(conv, ctx)
+    kwargs = conv_arguments(conv, ctx)
     kwargs.update(running_mean=bn.args["running_mean"], running_var=bn.args["running_var"],
                   bn_weight=bn.args["weight"], bn_bias=bn.args["bias"], training=bn.args["training"],
                   momentum=bn.args["momentum"], eps=bn.args["eps"], act=act_name, act_param=act_param)
     return ctx.graph.call_function(functional.conv_bn_act, (), kwargs)
 
 
-def _metadata_users(conv: ConvCall, bn_node: fx.Node) -> list[fx.Node] | None:
+def _metadata_users(conv: LayerCall, bn_node: fx.Node) -> Optional[list[fx.Node]]:
     """The conv output's users other than the BN if they read only its metadata, else None."""
     others = [u for u in conv.node.users if u is not bn_node]
     return others if all(reads_only_metadata(u, conv.node) for u in others) else None
 
 
-def _redirect_metadata(conv: ConvCall, users: list[fx.Node], ctx: PassContext) -> None:
+def _redirect_metadata(conv: LayerCall, users: list[fx.Node], ctx: PassContext) -> None:
     """Point `users` (shape/rank/dtype/device reads of the conv output) at a stand-in that has the same
     metadata but no data, so that they run where they ran and raise what they raised."""
     if not users:
@@ -67,62 +55,59 @@ def _redirect_metadata(conv: ConvCall, users: list[fx.Node], ctx: PassContext) -
         user.replace_input_with(conv.node, like)
 
 
-def _problem(conv: ConvCall, bn: BNCall, bn_node: fx.Node) -> str | None:
-    if _metadata_users(conv, bn_node) is None:
+def _problem(conv: LayerCall, bn: LayerCall) -> Optional[str]:
+    if _metadata_users(conv, bn.node) is None:
         return "the conv output has other users, so it must be kept anyway"
     if bn.module is not None and conv.module is None:
         return "F.conv2d followed by a BatchNorm2d module is not fused (mixed forms)"
-    if conv.module is not None and bn.module is None and conv.module.padding_mode != "zeros":
-        return f"padding_mode={conv.module.padding_mode!r} conv followed by F.batch_norm is not fused"
+    if conv.module is not None and bn.module is None:
+        if is_conv2d_same(conv.module):
+            return "timm Conv2dSame followed by F.batch_norm is not fused (mixed forms)"
+        if conv.module.padding_mode != "zeros":
+            return f"padding_mode={conv.module.padding_mode!r} conv followed by F.batch_norm is not fused"
     return None
 
 
-def run(ctx: PassContext) -> int:
-    if ctx.mode not in MODES:
-        return 0
-    fused = 0
-    for bn_node in list(ctx.graph.nodes):
-        if bn_node.graph is not ctx.graph or bn_node.op not in ("call_module", "call_function"):
-            continue
-        bn, bn_problem = as_batch_norm(bn_node, ctx)
-        if bn is None and bn_problem is None:
-            continue
-        src = first_input(bn_node)
-        if src is None:
-            continue
-        conv, conv_problem = as_conv(src, ctx)
-        if conv is None and conv_problem is None:
-            continue
-        act = bn_activation(bn, ctx) if bn is not None else None
-        names = (conv.name if conv else site_name(src), bn.name if bn else site_name(bn_node))
-        if act is not None and not act.own:
-            names += (site_name(act.node),)
-        problem = bn_problem or conv_problem or _problem(conv, bn, bn_node)
-        if problem:
-            ctx.report.skipped.append(SkippedSite(names, _pattern(act), problem))
-            continue
-        if ctx.allowed is not None and names not in ctx.allowed:
-            continue
-        saved = _saved_bytes(ctx, conv, bn, act)
-        flops = estimates.conv_flops(ctx.shapes, conv.node, _weight_shape(conv, ctx), 1)
-        _redirect_metadata(conv, _metadata_users(conv, bn_node), ctx)
-        chain = [conv.node, bn_node] + (act.chain() if act else [])
-        replace_chain(ctx.graph, chain, lambda: _build(conv, bn, act, ctx),
-                      also_replace=(bn_node,) if act and act.later_users else ())
-        ctx.report.fused.append(FusedSite(names, _pattern(act), act.activation.describe() if act else "none",
-                                          "fxfuse::conv_bn_act", saved, flops, REASON, ctx.mode))
-        fused += 1
-    return fused
+def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
+    bn, bn_problem = as_batch_norm(bn_node, ctx)
+    src = first_input(bn_node)
+    if (bn is None and bn_problem is None) or src is None:
+        return None
+    conv, conv_problem = as_conv(src, ctx)
+    if conv is None and conv_problem is None:
+        return None
+    act = bn_activation(bn, ctx) if bn is not None else None
+    names = (conv.name if conv else site_name(src), bn.name if bn else site_name(bn_node))
+    if act is not None and not act.own:
+        names += (site_name(act.node),)
+    pattern = pattern_name("conv2d", "batch_norm2d", *([act.activation.describe()] if act else []))
+    problem = bn_problem or conv_problem or _problem(conv, bn)
+    if problem:
+        return Site(names, pattern, problem)
+    return Site(
+        names, pattern,
+        chain=[conv.node, bn_node, *(act.chain() if act else [])],
+        build=lambda: _build(conv, bn, act, ctx),
+        also_replace=(bn_node,) if act and act.later_users else (),
+        prepare=lambda: _redirect_metadata(conv, _metadata_users(conv, bn_node), ctx),
+        activation=act.activation.describe() if act else "none",
+        op="fxfuse::conv_bn_act",
+        saved_bytes=_saved_bytes(ctx, conv, bn, act),
+        recompute_flops=estimates.conv_flops(ctx.shapes, conv.node, _weight_shape(conv, ctx), 1),
+        reason=REASON)
 
 
-def _weight_shape(conv: ConvCall, ctx: PassContext):
+PASS = FusionPass(match, modes=("memory",))
+
+
+def _weight_shape(conv: LayerCall, ctx: PassContext):
     if conv.module is not None:
         return tuple(conv.module.weight.shape)
     meta = ctx.shapes.get(conv.args["weight"])
     return tuple(meta.shape) if meta is not None else None
 
 
-def _saved_bytes(ctx: PassContext, conv: ConvCall, bn: BNCall, act: ActivationUse | None):
+def _saved_bytes(ctx: PassContext, conv: LayerCall, bn: LayerCall, act: Optional[ActivationUse]):
     conv_out = estimates.nbytes(ctx.shapes, conv.node)
     if conv_out is None:
         return None

@@ -16,6 +16,7 @@ import torch.fx as fx
 from .. import runtime
 from ..ops import functional
 from .context import PassContext
+from .rewrite import replace_chain
 
 _ADDS = (operator.add, operator.iadd)
 
@@ -43,7 +44,6 @@ def run(ctx: PassContext) -> int:
             fresh, other = b, a
         else:
             continue
-        node.target = runtime.add_into
-        node.args = (fresh, other)
+        replace_chain(ctx.graph, [node], lambda: ctx.graph.call_function(runtime.add_into, (fresh, other)))
         rewritten += 1
     return rewritten

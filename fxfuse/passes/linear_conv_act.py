@@ -8,23 +8,21 @@ anyway. The fused op recomputes it in backward.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from .. import runtime
 from ..ops import act_functional
-from ..report import FusedSite, SkippedSite
 from . import estimates
-from .calls import activation_after, as_conv, pattern_name
-from .known_modules import is_conv2d_same
+from .calls import as_conv, activation_after, pattern_name
 from .context import PassContext
+from .driver import FusionPass, Site
 from .matchers import has_hooks, site_name
-from .rewrite import replace_chain
 
-MODES = ("memory",)
 _LINEAR_ARGS = ("input", "weight", "bias")
 
 
@@ -38,82 +36,63 @@ def _linear_problem(m: nn.Module) -> Optional[str]:
     return None
 
 
-def _as_linear(node: fx.Node, ctx: PassContext) -> tuple[Optional[Callable[[], dict]], Optional[str]]:
-    """A maker of F.linear arguments (nodes or constants) for a Linear call, or why it can't be fused.
-
-    Makers create get_attr nodes, so they run at the insertion point of the rewrite.
-    """
+def _as_linear(node: fx.Node, ctx: PassContext) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """F.linear's arguments (nodes or constants) for a functional call, {} for a module call, or why not."""
     if node.op == "call_module":
         m = ctx.modules.get(node.target)
         if not isinstance(m, nn.Linear):
             return None, None
         problem = _linear_problem(m) or (None if len(node.args) == 1 and not node.kwargs
                                          else "unexpected Linear call arguments")
-        if problem:
-            return None, problem
-        return lambda: {"input": node.args[0], "weight": ctx.get_attr(f"{node.target}.weight"),
-                        "bias": ctx.get_attr(f"{node.target}.bias") if m.bias is not None else None}, None
+        return (None, problem) if problem else ({}, None)
     if node.op == "call_function" and node.target in (F.linear, torch._C._nn.linear):
         if len(node.args) > 3 or set(node.kwargs) - set(_LINEAR_ARGS):
             return None, "unrecognised F.linear arguments"
-        args = {"bias": None, **dict(zip(_LINEAR_ARGS, node.args)), **node.kwargs}
-        return lambda: args, None
+        return {"bias": None, **dict(zip(_LINEAR_ARGS, node.args)), **node.kwargs}, None
     return None, None
 
 
-def _conv_args(conv, ctx: PassContext) -> tuple[Optional[Callable[[], dict]], Optional[str]]:
-    if conv.module is None:
-        return lambda: dict(conv.args), None
-    m = conv.module
-    if is_conv2d_same(m):
-        return None, "timm Conv2dSame (padding computed per call) followed by an activation is not fused"
-    if m.padding_mode != "zeros":
-        return None, f"padding_mode={m.padding_mode!r} conv→activation is not fused"
-    return lambda: {"input": conv.input, "weight": ctx.get_attr(f"{conv.name}.weight"),
-                    "bias": ctx.get_attr(f"{conv.name}.bias") if m.bias is not None else None,
-                    "stride": m.stride, "padding": m.padding, "dilation": m.dilation, "groups": m.groups}, None
+def _kind(node: fx.Node, ctx: PassContext) -> Optional[str]:
+    target = ctx.modules.get(node.target) if node.op == "call_module" else node.target
+    if isinstance(target, nn.Conv2d) or target in (F.conv2d, torch.conv2d):
+        return "conv2d"
+    if isinstance(target, nn.Linear) or target in (F.linear, torch._C._nn.linear):
+        return "linear"
+    return None
 
 
-def run(ctx: PassContext) -> int:
-    if ctx.mode not in MODES:
-        return 0
-    fused = 0
-    for node in list(ctx.graph.nodes):
-        if node.graph is not ctx.graph or node.op not in ("call_module", "call_function"):
-            continue
-        target = ctx.modules.get(node.target) if node.op == "call_module" else node.target
-        if isinstance(target, nn.Conv2d) or target in (F.conv2d, torch.conv2d):
-            kind, op, fn = "conv2d", "fxfuse::conv_act", act_functional.conv_act
-        elif isinstance(target, nn.Linear) or target in (F.linear, torch._C._nn.linear):
-            kind, op, fn = "linear", "fxfuse::linear_act", act_functional.linear_act
-        else:
-            continue
-        act = activation_after(node, ctx)
-        if act is None or act.activation.name not in estimates.SAVES_INPUT or act.inplace or act.later_users:
-            continue
-        names = (site_name(node), site_name(act.node))
-        pattern = pattern_name(kind, act.activation.describe())
-        if kind == "linear":
-            args, problem = _as_linear(node, ctx)
-        else:
-            conv, problem = as_conv(node, ctx)
-            args, problem = (None, problem) if conv is None else _conv_args(conv, ctx)
-        if args is None and problem is None:
-            continue
-        if problem:
-            ctx.report.skipped.append(SkippedSite(names, pattern, problem))
-            continue
-        if ctx.allowed is not None and names not in ctx.allowed:
-            continue
-        saved = estimates.nbytes(ctx.shapes, node)
-        flops = _flops(ctx, node, kind)
-        replace_chain(ctx.graph, [node, act.node], lambda: ctx.graph.call_function(
-            fn, (), dict(args(), act=act.activation.name, act_param=act.activation.param)))
-        ctx.report.fused.append(FusedSite(names, pattern, act.activation.describe(), op, saved, flops,
-                                          f"keeps the {kind} input; recomputes the {kind} and activation in backward",
-                                          ctx.mode))
-        fused += 1
-    return fused
+def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
+    kind = _kind(node, ctx)
+    act = activation_after(node, ctx) if kind else None
+    if act is None or act.activation.name not in estimates.SAVES_INPUT or act.inplace or act.later_users:
+        return None
+    if kind == "linear":
+        args, problem = _as_linear(node, ctx)
+        module_fn, fn = runtime.linear_act_module, act_functional.linear_act
+    else:
+        conv, problem = as_conv(node, ctx)
+        args = None if conv is None else conv.args
+        module_fn, fn = runtime.conv_act_module, act_functional.conv_act
+    if args is None and problem is None:
+        return None
+    names = (site_name(node), site_name(act.node))
+    pattern = pattern_name(kind, act.activation.describe())
+    if problem:
+        return Site(names, pattern, problem)
+    name, param = act.activation.name, act.activation.param
+    if node.op == "call_module":
+        def build():
+            return ctx.graph.call_function(module_fn, (node.args[0], ctx.get_attr(node.target), name, param))
+    else:
+        def build():
+            return ctx.graph.call_function(fn, (), dict(args, act=name, act_param=param))
+    return Site(names, pattern, chain=[node, act.node], build=build, activation=act.activation.describe(),
+                op=f"fxfuse::{'conv' if kind == 'conv2d' else 'linear'}_act",
+                saved_bytes=estimates.nbytes(ctx.shapes, node), recompute_flops=_flops(ctx, node, kind),
+                reason=f"keeps the {kind} input; recomputes the {kind} and activation in backward")
+
+
+PASS = FusionPass(match, modes=("memory",))
 
 
 def _flops(ctx: PassContext, node: fx.Node, kind: str) -> Optional[int]:

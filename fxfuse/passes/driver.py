@@ -1,0 +1,64 @@
+"""The loop every fusing pass shares: match a site, refuse or filter it, rewrite it, report it.
+
+A pass is a `FusionPass`: the modes it runs in and a matcher, `node -> Site | None`.
+The matcher decides what a site is and how to build its replacement; the driver does
+the rest the same way for every pattern: skipped sites with their reasons, the
+policy's allowed-site filter, `rewrite.replace_chain`, and the report entry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch.fx as fx
+
+from ..report import FusedSite, SkippedSite
+from .context import PassContext
+from .rewrite import replace_chain
+
+
+@dataclass
+class Site:
+    """One match: either a `problem` (why it is not fused) or what replaces which nodes."""
+
+    names: tuple[str, ...]  # module paths (or scope:function), in forward order: the site's identity
+    pattern: str
+    problem: Optional[str] = None
+    chain: Sequence[fx.Node] = ()  # the nodes replaced, producer first
+    build: Optional[Callable[[], fx.Node]] = None  # makes the replacement (at the chain's last node)
+    also_replace: Sequence[fx.Node] = ()  # other nodes whose uses go to the replacement
+    prepare: Optional[Callable[[], None]] = None  # graph edits the rewrite needs first
+    activation: str = ""
+    op: str = ""
+    saved_bytes: Optional[int] = None
+    recompute_flops: Optional[int] = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class FusionPass:
+    match: Callable[[fx.Node, PassContext], Optional[Site]]
+    modes: tuple[str, ...] = ("memory", "fast")  # the passes' modes (Options.pass_mode) it runs in
+
+    def __call__(self, ctx: PassContext) -> int:
+        if ctx.mode not in self.modes:
+            return 0
+        fused = 0
+        for node in list(ctx.graph.nodes):
+            if node.graph is not ctx.graph or node.op not in ("call_module", "call_function"):
+                continue  # erased by an earlier rewrite, or no call
+            site = self.match(node, ctx)
+            if site is None:
+                continue
+            if site.problem:
+                ctx.report.skipped.append(SkippedSite(site.names, site.pattern, site.problem))
+                continue
+            if ctx.allowed is not None and site.names not in ctx.allowed:
+                continue
+            if site.prepare is not None:
+                site.prepare()
+            replace_chain(ctx.graph, site.chain, site.build, also_replace=site.also_replace)
+            ctx.report.fused.append(FusedSite(site.names, site.pattern, site.activation, site.op, site.saved_bytes,
+                                              site.recompute_flops, site.reason, ctx.mode))
+            fused += 1
+        return fused
