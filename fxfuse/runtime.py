@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .ops import act_functional, functional
+from . import ops
+from .ops.checks import apply_activation, kernels_apply, layer_kernels_apply
 from .passes import known_modules
 from .passes.known_modules import is_conv2d_same, is_norm_act
 
@@ -53,17 +54,17 @@ def _conv_input(x: Tensor, conv: nn.Conv2d) -> tuple[Tensor, Any]:
 def _eager_bn_act(y: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(y))` run by the modules themselves; a norm-act module applies `act` in its own forward."""
     out = bn(y)
-    return out if is_norm_act(bn) else functional.apply_activation(out, act, act_param)
+    return out if is_norm_act(bn) else apply_activation(out, act, act_param)
 
 
 def conv_bn_act_module(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(conv(x)))`, keeping only `x` for backward."""
-    if not (functional.layer_kernels_apply(x, (conv.weight, conv.bias), _bn_tensors(bn))
+    if not (layer_kernels_apply(x, (conv.weight, conv.bias), _bn_tensors(bn))
             and x.shape[1] == conv.in_channels and bn.num_features == conv.out_channels):
         return _eager_bn_act(conv(x), bn, act, act_param)
     x, padding = _conv_input(x, conv)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
-    return functional.conv_bn_act(
+    return ops.conv_bn_act(
         x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
         running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
     )
@@ -77,41 +78,44 @@ def conv2d_output_like(input: Tensor, weight: Tensor, bias: Optional[Tensor] = N
     (`x.ndim`, `x.shape`, ...). The shape comes from the conv on the meta device, so
     input that eager's conv rejects raises eager's error here too.
     """
-    with torch.no_grad():
-        meta = F.conv2d(input.to("meta"), weight.to("meta"), None if bias is None else bias.to("meta"),
-                        stride, padding, dilation, groups)
-    dtype = meta.dtype
-    device_type = input.device.type
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type) and dtype in (
-            torch.float32, torch.float16, torch.bfloat16):
-        dtype = torch.get_autocast_dtype(device_type)
-    return torch.empty((), dtype=dtype, device=input.device).expand(meta.shape)
+    return _output_like(input.to("meta"), input.device, weight, bias, stride, padding, dilation, groups)
 
 
 def conv_module_output_like(x: Tensor, conv: nn.Conv2d) -> Tensor:
     """`conv2d_output_like` for `conv(x)`, with the padding the module applies."""
-    x, padding = _conv_input(x.to("meta"), conv)
-    return conv2d_output_like(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
+    meta, padding = _conv_input(x.to("meta"), conv)
+    return _output_like(meta, x.device, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
+
+
+def _output_like(meta_input: Tensor, device: torch.device, weight, bias, stride, padding, dilation, groups):
+    with torch.no_grad():
+        meta = F.conv2d(meta_input, weight.to("meta"), None if bias is None else bias.to("meta"),
+                        stride, padding, dilation, groups)
+    dtype = meta.dtype
+    if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type) and dtype in (
+            torch.float32, torch.float16, torch.bfloat16):
+        dtype = torch.get_autocast_dtype(device.type)
+    return torch.empty((), dtype=dtype, device=device).expand(meta.shape)
 
 
 def conv_act_module(x: Tensor, conv: nn.Conv2d, act: str, act_param: float) -> Tensor:
     """`act(conv(x))`, keeping only `x` for backward."""
     x, padding = _conv_input(x, conv)
-    return act_functional.conv_act(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
+    return ops.conv_act(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
                                    act, act_param)
 
 
 def linear_act_module(x: Tensor, linear: nn.Linear, act: str, act_param: float) -> Tensor:
     """`act(linear(x))`, keeping only `x` for backward."""
-    return act_functional.linear_act(x, linear.weight, linear.bias, act, act_param)
+    return ops.linear_act(x, linear.weight, linear.bias, act, act_param)
 
 
 def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(x))`, keeping only `x` and the statistics for backward."""
-    if not (functional.kernels_apply(x, _bn_tensors(bn)) and x.shape[1] == bn.num_features):
+    if not (kernels_apply(x, _bn_tensors(bn)) and x.shape[1] == bn.num_features):
         return _eager_bn_act(x, bn, act, act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
-    return functional.batch_norm_act(
+    return ops.batch_norm_act(
         x, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param
     )
 
@@ -161,7 +165,7 @@ def gelu_where_faster(input: Tensor, approximate: str = "none") -> Tensor:
     Both compute the same values and gradients, so choosing per call is exact either way.
     """
     if gelu_is_faster(input, approximate):
-        return act_functional.gelu(input, approximate)
+        return ops.gelu(input, approximate)
     return F.gelu(input, approximate=approximate)
 
 

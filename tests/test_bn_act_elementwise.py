@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fxfuse import _extension
-from fxfuse.ops.functional import apply_activation
+from fxfuse.ops.checks import apply_activation
 
 pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 

@@ -22,10 +22,8 @@ from fxfuse import _extension
 pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 
 if _extension.loaded():
-    from fxfuse.ops import gelu_op as _gelu_registrations  # noqa: F401  (fake kernels + autograd)
-    from fxfuse.ops import linear_conv_act as _layer_registrations  # noqa: F401
-    from fxfuse.ops import act_functional
-    from fxfuse.ops.functional import apply_activation
+    from fxfuse.ops import gelu_activation, layer_activation
+    from fxfuse.ops.checks import apply_activation
 
     _C = _extension.generic()
     ops = torch.ops.fxfuse
@@ -156,7 +154,7 @@ def test_gelu_is_bitwise_atens(dtype, approximate, onednn, monkeypatch):
 def test_gelu_autograd_matches_eager(dtype, approximate):
     x = (torch.randn(4, 6, 9, 7, dtype=dtype) * 3).contiguous(memory_format=torch.channels_last)
     xr, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out = act_functional.gelu(xr, approximate)
+    out = gelu_activation.gelu(xr, approximate)
     ref = F.gelu(xe, approximate=approximate)
     torch.testing.assert_close(out, ref, **tol(dtype))
     grad = torch.randn_like(ref)
@@ -264,7 +262,7 @@ def test_linear_act_matches_eager(act, shape):
     for dtype, bias in ((torch.float64, True), (torch.float32, False)):
         x, w, b = _linear_inputs(shape, 6, 7, dtype, bias)
         params = [t for t in (x, w, b) if t is not None]
-        out = act_functional.linear_act(x, w, b, act, p)
+        out = layer_activation.linear_act(x, w, b, act, p)
         ref = apply_activation(F.linear(x, w, b), act, p)
         assert torch.equal(out, ref)  # the same ATen ops, in the same order
         _assert_same_layout(out, ref)
@@ -285,7 +283,7 @@ def test_conv_act_matches_eager(act, fmt):
         x = torch.randn(2, 4, 7, 6, dtype=dtype).to(memory_format=fmt).requires_grad_()
         w = torch.randn(6, 4 // groups, 3, 3, dtype=dtype).to(memory_format=fmt).requires_grad_()
         b = torch.randn(6, dtype=dtype, requires_grad=True)
-        out = act_functional.conv_act(x, w, b, act=act, act_param=p, **kw)
+        out = layer_activation.conv_act(x, w, b, act=act, act_param=p, **kw)
         ref = apply_activation(F.conv2d(x, w, b, **kw), act, p)
         assert torch.equal(out, ref), kw
         _assert_same_layout(out, ref)
@@ -301,7 +299,7 @@ def test_conv_act_padding_same(k, dilation):
     """padding='same' with an odd total padding pads the right edge, as F.conv2d does."""
     x = torch.randn(2, 3, 8, 9, dtype=torch.double, requires_grad=True)
     w = torch.randn(5, 3, k, k, dtype=torch.double, requires_grad=True)
-    out = act_functional.conv_act(x, w, None, padding="same", dilation=dilation, act="gelu")
+    out = layer_activation.conv_act(x, w, None, padding="same", dilation=dilation, act="gelu")
     ref = F.gelu(F.conv2d(x, w, None, padding="same", dilation=dilation))
     assert torch.equal(out, ref)
     grad = torch.randn_like(ref)
@@ -313,9 +311,9 @@ def test_conv_act_padding_same(k, dilation):
 def test_layer_act_reduced_precision(dtype):
     x = torch.randn(2, 3, 8).to(dtype)
     w = torch.randn(5, 8).to(dtype)
-    assert torch.equal(act_functional.linear_act(x, w, None, "gelu"), F.gelu(F.linear(x, w)))
+    assert torch.equal(layer_activation.linear_act(x, w, None, "gelu"), F.gelu(F.linear(x, w)))
     xc, wc = torch.randn(2, 3, 6, 6).to(dtype), torch.randn(4, 3, 3, 3).to(dtype)
-    assert torch.equal(act_functional.conv_act(xc, wc, None, padding=1, act="silu"),
+    assert torch.equal(layer_activation.conv_act(xc, wc, None, padding=1, act="silu"),
                        F.silu(F.conv2d(xc, wc, None, 1, 1)))
 
 
@@ -323,7 +321,7 @@ def test_autocast_matches_eager_autocast():
     # Fused under autocast (its Autocast kernel casts like F.linear's): same ops, same bits.
     x, w = torch.randn(4, 16), torch.randn(8, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = act_functional.linear_act(x, w, None, "gelu")
+        out = layer_activation.linear_act(x, w, None, "gelu")
         ref = F.gelu(F.linear(x, w))
     assert out.dtype == ref.dtype == torch.bfloat16
     assert torch.equal(out, ref)
@@ -442,7 +440,7 @@ def _saved_tensors(fn):
 
 def test_linear_act_saves_only_its_inputs():
     x, w, b = _linear_inputs((8, 16), 32, 128, torch.float32)
-    out, saved = _saved_tensors(lambda: act_functional.linear_act(x, w, b, "gelu"))
+    out, saved = _saved_tensors(lambda: layer_activation.linear_act(x, w, b, "gelu"))
     assert sorted(t.data_ptr() for t in saved) == sorted(t.data_ptr() for t in (x, w, b))
     assert not any(t.shape == out.shape for t in saved)  # the wide pre-activation is recomputed
     _, eager_saved = _saved_tensors(lambda: F.gelu(F.linear(x, w, b)))
@@ -452,14 +450,14 @@ def test_linear_act_saves_only_its_inputs():
 def test_conv_act_saves_only_its_inputs():
     x = torch.randn(2, 8, 16, 16, requires_grad=True)
     w = torch.randn(32, 8, 3, 3, requires_grad=True)
-    out, saved = _saved_tensors(lambda: act_functional.conv_act(x, w, None, padding=1, act="silu"))
+    out, saved = _saved_tensors(lambda: layer_activation.conv_act(x, w, None, padding=1, act="silu"))
     assert sorted(t.data_ptr() for t in saved) == sorted(t.data_ptr() for t in (x, w))
     assert not any(t.shape == out.shape for t in saved)
 
 
 def test_gelu_saves_only_its_input():
     x = torch.randn(4, 64, requires_grad=True)
-    _, saved = _saved_tensors(lambda: act_functional.gelu(x))
+    _, saved = _saved_tensors(lambda: gelu_activation.gelu(x))
     assert [t.data_ptr() for t in saved] == [x.data_ptr()]
 
 
@@ -476,7 +474,7 @@ def _same_error(fn_fused, fn_eager):
 
 def test_gelu_bad_approximate():
     x = torch.randn(3, 4)
-    _same_error(lambda: act_functional.gelu(x, "erf"), lambda: F.gelu(x, approximate="erf"))
+    _same_error(lambda: gelu_activation.gelu(x, "erf"), lambda: F.gelu(x, approximate="erf"))
     _same_error(lambda: ops.gelu(x, approximate="erf"), lambda: F.gelu(x, approximate="erf"))
     _same_error(lambda: ops.gelu_backward(x, x, approximate="Tanh"),
                 lambda: torch.ops.aten.gelu_backward(x, x, approximate="Tanh"))
@@ -486,7 +484,7 @@ def test_gelu_bad_approximate():
 
 def test_gelu_bad_dtype():
     x = torch.arange(6)
-    _same_error(lambda: act_functional.gelu(x), lambda: F.gelu(x))
+    _same_error(lambda: gelu_activation.gelu(x), lambda: F.gelu(x))
     _same_error(lambda: ops.gelu(x), lambda: F.gelu(x))
 
 
@@ -503,7 +501,7 @@ def test_linear_act_bad_input(case):
         w = w.double()
     else:
         x = torch.tensor(1.0)
-    _same_error(lambda: act_functional.linear_act(x, w, b, "gelu"), lambda: F.gelu(F.linear(x, w, b)))
+    _same_error(lambda: layer_activation.linear_act(x, w, b, "gelu"), lambda: F.gelu(F.linear(x, w, b)))
     if case != "dtype":  # the op itself checks shapes (ATen checks dtypes)
         with pytest.raises(RuntimeError, match="fxfuse::linear_act"):
             ops.linear_act(x, w, b, "gelu", 0.0)
@@ -524,14 +522,14 @@ def test_conv_act_bad_input(case):
         x = torch.randn(2, 3, 2, 2)
     else:
         kw = dict(groups=2)
-    _same_error(lambda: act_functional.conv_act(x, w, None, act="relu", **kw),
+    _same_error(lambda: layer_activation.conv_act(x, w, None, act="relu", **kw),
                 lambda: F.relu(F.conv2d(x, w, None, **kw)))
 
 
 def test_unknown_activation():
     x, w = torch.randn(3, 5), torch.randn(4, 5)
     with pytest.raises(ValueError, match="unknown activation"):
-        act_functional.linear_act(x, w, None, "swish")
+        layer_activation.linear_act(x, w, None, "swish")
     with pytest.raises(RuntimeError, match="unknown activation"):
         ops.linear_act(x, w, None, "swish", 0.0)
     with pytest.raises(RuntimeError, match="unknown activation"):

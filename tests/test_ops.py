@@ -7,7 +7,10 @@ import torch.nn.functional as F
 
 import fxfuse
 from fxfuse import _extension
-from fxfuse.ops import ACTIVATIONS, functional, reference
+from fxfuse.ops import ACTIVATIONS, batch_norm, conv_batch_norm
+from fxfuse.ops.checks import apply_activation
+
+import reference
 
 ACT_PARAMS = {"leaky_relu": 0.2}
 FORMATS = [torch.contiguous_format, torch.channels_last]
@@ -35,7 +38,7 @@ def test_conv_bn_act_matches_reference_float64(act, fmt, training):
     rm2, rv2 = rm.clone(), rv.clone()
     p = ACT_PARAMS.get(act, 0.0)
     args = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
-    out = functional.conv_bn_act(x, w, b, **args, running_mean=rm, running_var=rv, bn_weight=g, bn_bias=beta,
+    out = conv_batch_norm.conv_bn_act(x, w, b, **args, running_mean=rm, running_var=rv, bn_weight=g, bn_bias=beta,
                                  training=training, momentum=0.3, eps=1e-3, act=act, act_param=p)
     ref = reference.conv_bn_act(x, w, b, args["stride"], args["padding"], args["dilation"], args["groups"], rm2,
                                 rv2, g, beta, training, 0.3, 1e-3, act, p)
@@ -58,7 +61,7 @@ def test_batch_norm_act_matches_reference_float32(act, fmt):
     rm, rv = _stats(5, torch.float32)
     rm2, rv2 = rm.clone(), rv.clone()
     p = ACT_PARAMS.get(act, 0.0)
-    out = functional.batch_norm_act(x, rm, rv, g, beta, True, 0.1, 1e-5, act, p)
+    out = batch_norm.batch_norm_act(x, rm, rv, g, beta, True, 0.1, 1e-5, act, p)
     ref = reference.batch_norm_act(x, rm2, rv2, g, beta, True, 0.1, 1e-5, act, p)
     torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
     grad = torch.randn_like(out)
@@ -147,7 +150,7 @@ def test_generic_kernels_match_reference(act, fmt):
     torch.testing.assert_close(out, reference.bn_act(x, mean, var, g, beta, 1e-5, act, p))
     assert out.stride() == x.stride()
     xr, gr, br = (t.clone().requires_grad_() for t in (x, g, beta))
-    ref = functional.apply_activation(F.batch_norm(xr, None, None, gr, br, True, 0.0, 1e-5), act, p)
+    ref = apply_activation(F.batch_norm(xr, None, None, gr, br, True, 0.0, 1e-5), act, p)
     grad = torch.randn_like(ref)
     want = torch.autograd.grad(ref, (xr, gr, br), grad)
     got = C.generic_bn_act_backward(grad, x, mean, var, g, beta, 1e-5, act, p, True, [True, True, True])
@@ -169,7 +172,7 @@ def test_reduced_precision_is_correct(dtype):
     x = torch.randn(2, 3, 4, 5).to(dtype).requires_grad_()
     w = torch.randn(4, 3, 3, 3).to(dtype).requires_grad_()
     g, beta = (t.to(dtype).requires_grad_() for t in _bn_params(4, torch.float32))
-    out = functional.conv_bn_act(x, w, None, 1, 1, 1, 1, None, None, g, beta, True, 0.1, 1e-5, "relu")
+    out = conv_batch_norm.conv_bn_act(x, w, None, 1, 1, 1, 1, None, None, g, beta, True, 0.1, 1e-5, "relu")
     xf, wf, gf, bf = (t.detach().float().requires_grad_() for t in (x, w, g, beta))
     ref = reference.conv_bn_act(xf, wf, None, 1, 1, 1, 1, None, None, gf, bf, True, 0.1, 1e-5, "relu")
     assert out.dtype == dtype
@@ -183,7 +186,7 @@ def test_padding_same_and_valid():
     x = torch.randn(2, 3, 8, 9, dtype=torch.double)
     for k, d, padding in itertools.product((2, 3, 4), (1, 2), ("same", "valid")):
         w = torch.randn(5, 3, k, k, dtype=torch.double)
-        out = functional.conv_bn_act(x, w, None, 1, padding, d, 1, None, None, None, None, True, 0.1, 1e-5)
+        out = conv_batch_norm.conv_bn_act(x, w, None, 1, padding, d, 1, None, None, None, None, True, 0.1, 1e-5)
         ref = reference.conv_bn_act(x, w, None, 1, padding, d, 1, None, None, None, None, True, 0.1, 1e-5, "none")
         torch.testing.assert_close(out, ref)
 
@@ -205,9 +208,9 @@ def test_bad_input_raises_like_eager(case):
     rm, rv = torch.zeros(4), torch.ones(4)
     if case == "unknown_act":
         with pytest.raises(ValueError, match="unknown activation"):
-            functional.conv_bn_act(x, w, None, running_mean=rm, running_var=rv, training=True, act=act)
+            conv_batch_norm.conv_bn_act(x, w, None, running_mean=rm, running_var=rv, training=True, act=act)
         return
-    _same_error(lambda: functional.conv_bn_act(x, w, None, running_mean=rm, running_var=rv, training=True, act=act),
+    _same_error(lambda: conv_batch_norm.conv_bn_act(x, w, None, running_mean=rm, running_var=rv, training=True, act=act),
                 lambda: F.relu(F.batch_norm(F.conv2d(x, w), rm.clone(), rv.clone(), training=True)))
 
 
@@ -218,7 +221,7 @@ def test_nan_and_inf_propagate_like_eager():
     w = torch.randn(4, 3, 3, 3, dtype=torch.double)
     for training in (True, False):
         rm, rv = torch.zeros(4, dtype=torch.double), torch.ones(4, dtype=torch.double)
-        out = functional.conv_bn_act(x, w, None, 1, 1, 1, 1, rm.clone(), rv.clone(), None, None, training,
+        out = conv_batch_norm.conv_bn_act(x, w, None, 1, 1, 1, 1, rm.clone(), rv.clone(), None, None, training,
                                      0.1, 1e-5, "relu")
         ref = reference.conv_bn_act(x, w, None, 1, 1, 1, 1, rm.clone(), rv.clone(), None, None, training, 0.1,
                                     1e-5, "relu")
@@ -231,7 +234,7 @@ def test_only_the_conv_input_is_saved():
     g, beta = (t.requires_grad_() for t in _bn_params(16, torch.float32))
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        functional.conv_bn_act(x, w, None, 1, 1, 1, 1, None, None, g, beta, True, 0.1, 1e-5, "gelu")
+        conv_batch_norm.conv_bn_act(x, w, None, 1, 1, 1, 1, None, None, g, beta, True, 0.1, 1e-5, "gelu")
     big = [t for t in saved if t.numel() > 16 * 8 * 9]
     assert len(big) == 1 and big[0].data_ptr() == x.data_ptr()
 

@@ -1,18 +1,21 @@
-"""fxfuse's C++ operators as Python functions, with their fake kernels and autograd.
+"""fxfuse's C++ operators as Python functions, one module per op family.
 
-Importing this package loads fxfuse._C (which defines the schemas and the CPU and
-device-generic kernels) and then registers, per op family, the fake kernels used by
-FakeTensor/torch.compile and the autograd formulas.
+Each family module (`batch_norm`, `conv_batch_norm`, `layer_activation`,
+`gelu_activation`) holds its wrappers with eager semantics and eager fallback, its
+fake kernels and its autograd formulas; `checks` holds what they share. Importing
+this package loads fxfuse._C (which defines the schemas and the CPU and
+device-generic kernels) and then registers every family's fake kernels and autograd.
 """
-from .._extension import loaded as _loaded
+from .. import _extension
+from . import batch_norm, conv_batch_norm, gelu_activation, layer_activation
+from .batch_norm import batch_norm_act
+from .checks import ACTIVATIONS
+from .conv_batch_norm import conv_bn_act
+from .gelu_activation import gelu
+from .layer_activation import conv_act, linear_act
 
-if _loaded():
-    from . import bn_act as _bn_act  # noqa: F401  (registers fake kernels and autograd)
-    from . import conv_bn_act as _conv_bn_act  # noqa: F401
-    from . import gelu_op as _gelu_op  # noqa: F401
-    from . import linear_conv_act as _linear_conv_act  # noqa: F401
-
-from .act_functional import conv_act, gelu, linear_act
-from .functional import ACTIVATIONS, batch_norm_act, conv_bn_act
+if _extension.loaded():
+    for _family in (batch_norm, conv_batch_norm, gelu_activation, layer_activation):
+        _family.register()
 
 __all__ = ["ACTIVATIONS", "batch_norm_act", "conv_act", "conv_bn_act", "gelu", "linear_act"]

@@ -11,7 +11,7 @@ from typing import Optional
 import torch.fx as fx
 
 from .. import runtime
-from ..ops import functional
+from .. import ops
 from . import estimates
 from .calls import ActivationUse, LayerCall, activation_after, as_batch_norm, as_conv, bn_activation, pattern_name
 from .context import PassContext
@@ -25,7 +25,7 @@ def _build(bn: LayerCall, act: ActivationUse, ctx: PassContext) -> fx.Node:
         return ctx.graph.call_function(runtime.bn_act_module, (bn.input, ctx.get_attr(bn.name), name, param))
     kwargs = {k: bn.args[k] for k in ("input", "running_mean", "running_var", "weight", "bias", "training",
                                       "momentum", "eps")}
-    return ctx.graph.call_function(functional.batch_norm_act, (), dict(kwargs, act=name, act_param=param))
+    return ctx.graph.call_function(ops.batch_norm_act, (), dict(kwargs, act=name, act_param=param))
 
 
 def _reason(bn_node: fx.Node, ctx: PassContext) -> str:

@@ -11,7 +11,7 @@ from typing import Optional
 import torch.fx as fx
 
 from .. import runtime
-from ..ops import functional
+from .. import ops
 from . import estimates
 from .calls import ActivationUse, LayerCall, as_batch_norm, as_conv, bn_activation, conv_arguments, pattern_name
 from .context import PassContext
@@ -32,7 +32,7 @@ def _build(conv: LayerCall, bn: LayerCall, act: Optional[ActivationUse], ctx: Pa
     kwargs.update(running_mean=bn.args["running_mean"], running_var=bn.args["running_var"],
                   bn_weight=bn.args["weight"], bn_bias=bn.args["bias"], training=bn.args["training"],
                   momentum=bn.args["momentum"], eps=bn.args["eps"], act=act_name, act_param=act_param)
-    return ctx.graph.call_function(functional.conv_bn_act, (), kwargs)
+    return ctx.graph.call_function(ops.conv_bn_act, (), kwargs)
 
 
 def _metadata_users(conv: LayerCall, bn_node: fx.Node) -> Optional[list[fx.Node]]:

@@ -14,7 +14,7 @@ import operator
 import torch.fx as fx
 
 from .. import runtime
-from ..ops import functional
+from .. import ops
 from .context import PassContext
 from .rewrite import replace_chain
 
@@ -27,7 +27,7 @@ def _fresh(node) -> bool:
         return False
     if node.target is runtime.conv_bn_act_module:
         return len(node.args) >= 4 and node.args[3] == "none"
-    if node.target is functional.conv_bn_act:
+    if node.target is ops.conv_bn_act:
         return not node.args and node.kwargs.get("act") == "none"
     return False
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import runtime
-from ..ops import act_functional
+from .. import ops
 from . import estimates
 from .calls import as_conv, activation_after, pattern_name
 from .context import PassContext
@@ -68,11 +68,11 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
         return None
     if kind == "linear":
         args, problem = _as_linear(node, ctx)
-        module_fn, fn = runtime.linear_act_module, act_functional.linear_act
+        module_fn, fn = runtime.linear_act_module, ops.linear_act
     else:
         conv, problem = as_conv(node, ctx)
         args = None if conv is None else conv.args
-        module_fn, fn = runtime.conv_act_module, act_functional.conv_act
+        module_fn, fn = runtime.conv_act_module, ops.conv_act
     if args is None and problem is None:
         return None
     names = (site_name(node), site_name(act.node))

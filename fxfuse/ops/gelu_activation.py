@@ -1,8 +1,7 @@
-"""Fake kernels and autograd for fxfuse::gelu and fxfuse::gelu_backward.
+"""The GELU family: `gelu`, fxfuse::gelu and fxfuse::gelu_backward.
 
-(Named gelu_op, not gelu, so that it does not collide with the `gelu` function
-fxfuse.ops may export from act_functional.)
-
+`gelu(x, approximate)` computes `F.gelu(x, approximate=approximate)` with fxfuse's
+hand-written CPU kernels (ATen's elsewhere), in its input's dtype as F.gelu does.
 The fake kernels run ATen's own meta functions, so shapes, dtypes (type promotion
 and broadcasting in gelu_backward) and strides are exactly those of the real
 kernels, which allocate their outputs the way ATen's TensorIterator does.
@@ -10,8 +9,21 @@ kernels, which allocate their outputs the way ATen's TensorIterator does.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .checks import fusable, plain
+
+__all__ = ["gelu"]
 
 _APPROXIMATE = ("none", "tanh")
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """`F.gelu(input, approximate=approximate)`."""
+    if approximate in _APPROXIMATE and plain(input) and fusable(input):
+        return torch.ops.fxfuse.gelu(input, approximate=approximate)
+    return F.gelu(input, approximate=approximate)
 
 
 def _check_approximate(approximate: str) -> None:
@@ -22,13 +34,11 @@ def _check_approximate(approximate: str) -> None:
     )
 
 
-@torch.library.register_fake("fxfuse::gelu")
 def _gelu_fake(self, *, approximate="none"):
     _check_approximate(approximate)
     return torch.ops.aten.gelu.default(self, approximate=approximate)
 
 
-@torch.library.register_fake("fxfuse::gelu_backward")
 def _gelu_backward_fake(grad_output, self, *, approximate="none"):
     _check_approximate(approximate)
     return torch.ops.aten.gelu_backward.default(grad_output, self, approximate=approximate)
@@ -45,4 +55,8 @@ def _gelu_bwd(ctx, grad_out):
     return torch.ops.fxfuse.gelu_backward(grad_out, self, approximate=ctx.approximate)
 
 
-torch.library.register_autograd("fxfuse::gelu", _gelu_bwd, setup_context=_gelu_setup)
+def register() -> None:
+    """Fake kernels and autograd of this family's ops (fxfuse._C defines the ops)."""
+    torch.library.register_fake("fxfuse::gelu", _gelu_fake)
+    torch.library.register_fake("fxfuse::gelu_backward", _gelu_backward_fake)
+    torch.library.register_autograd("fxfuse::gelu", _gelu_bwd, setup_context=_gelu_setup)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from .functional import apply_activation
+from fxfuse.ops.checks import apply_activation
 
 
 def conv_bn_act(input, weight, bias, stride, padding, dilation, groups, running_mean, running_var,

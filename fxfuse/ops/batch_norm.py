@@ -1,0 +1,141 @@
+"""The batch-norm + activation family: `batch_norm_act` and the ops it and conv_bn_act build on.
+
+`batch_norm_act(...)` computes exactly `act(F.batch_norm(...))`, updating running
+statistics the same way, but keeps only the BN input and the per-channel statistics
+for backward, which recomputes the normalized value and the activation input.
+
+Ops: fxfuse::bn_stats, bn_act, bn_act_backward, batch_norm_act, and the in-place
+bn_act_ / bn_act_backward_ used inside conv_bn_act (fake kernels only: they are not
+differentiable). Their fake kernels and autograd formulas are registered here.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .checks import apply_activation, check_act, kernels_apply, stats_like
+
+__all__ = ["batch_norm_act", "update_running_stats"]
+
+
+def update_running_stats(running_mean: Tensor, running_var: Tensor, mean: Tensor, var: Tensor,
+                         count: int, momentum: float) -> None:
+    """running = (1 - momentum) * running + momentum * batch, with the unbiased batch variance."""
+    with torch.no_grad():
+        unbiased = var * (count / (count - 1)) if count > 1 else var * float("inf")
+        running_mean.copy_(momentum * mean.detach() + (1 - momentum) * running_mean)
+        running_var.copy_(momentum * unbiased.detach() + (1 - momentum) * running_var)
+
+
+def batch_ok(count: int, training: bool) -> bool:
+    # F.batch_norm raises "Expected more than 1 value per channel when training"; let eager raise it.
+    return not (training and count <= 1)
+
+
+def batch_norm_act(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                   weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, training: bool = False,
+                   momentum: float = 0.1, eps: float = 1e-5, act: str = "none",
+                   act_param: float = 0.0) -> Tensor:
+    """`act(F.batch_norm(input, ...))` that keeps only `input` and the statistics for backward."""
+    check_act(act)
+    count = input.numel() // input.shape[1] if input.dim() >= 2 and input.shape[1] else 0
+    if not (kernels_apply(input, (running_mean, running_var, weight, bias))
+            and all(t is None or t.shape == (input.shape[1],) for t in (running_mean, running_var, weight, bias))
+            and (training or running_mean is not None) and batch_ok(count, training) and input.numel() > 0):
+        out = F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+        return apply_activation(out, act, act_param)
+    out, mean, var = torch.ops.fxfuse.batch_norm_act(
+        input, weight, bias, running_mean, running_var, training, eps, act, float(act_param)
+    )
+    if training and running_mean is not None and running_var is not None:
+        update_running_stats(running_mean, running_var, mean, var, count, momentum)
+    return out
+
+
+# --------------------------------------------------------------------------- fake kernels
+
+
+def _bn_stats_fake(input):
+    return stats_like(input), stats_like(input)
+
+
+def _bn_act_fake(input, mean, var, weight, bias, eps, act, act_param):
+    return torch.empty_like(input)
+
+
+def _bn_act_backward_fake(grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+                          output_mask):
+    return (
+        torch.empty_like(input) if output_mask[0] else None,
+        torch.empty_like(weight) if output_mask[1] and weight is not None else None,
+        torch.empty_like(bias) if output_mask[2] and bias is not None else None,
+    )
+
+
+def _bn_act_inplace_fake(self, mean, var, weight, bias, eps, act, act_param):
+    return None
+
+
+def _bn_act_backward_inplace_fake(grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+                                  output_mask):
+    return (
+        torch.empty_like(weight) if output_mask[0] and weight is not None else None,
+        torch.empty_like(bias) if output_mask[1] and bias is not None else None,
+    )
+
+
+def _batch_norm_act_fake(input, weight, bias, running_mean, running_var, batch_stats, eps, act, act_param):
+    return torch.empty_like(input), stats_like(input), stats_like(input)
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+def _bn_act_setup(ctx, inputs, output):
+    input, mean, var, weight, bias, eps, act, act_param = inputs
+    ctx.save_for_backward(input, mean, var, weight, bias)
+    ctx.config = (eps, act, act_param)
+
+
+def _bn_act_bwd(ctx, grad_out):
+    input, mean, var, weight, bias = ctx.saved_tensors
+    eps, act, act_param = ctx.config
+    need = ctx.needs_input_grad
+    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.bn_act_backward(
+        grad_out, input, mean, var, weight, bias, eps, act, act_param, False, [need[0], need[3], need[4]]
+    )
+    # Statistics are treated as constants here; batch_norm_act differentiates through them.
+    return grad_input, None, None, grad_weight, grad_bias, None, None, None
+
+
+def _batch_norm_act_setup(ctx, inputs, output):
+    input, weight, bias, running_mean, running_var, batch_stats, eps, act, act_param = inputs
+    _, mean, var = output
+    # Only the BN input and the per-channel statistics are kept; the normalized
+    # value and the activation input are recomputed in backward.
+    ctx.save_for_backward(input, mean, var, weight, bias)
+    ctx.config = (batch_stats, eps, act, act_param)
+
+
+def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var):
+    input, mean, var, weight, bias = ctx.saved_tensors
+    batch_stats, eps, act, act_param = ctx.config
+    need = ctx.needs_input_grad
+    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.bn_act_backward(
+        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, [need[0], need[1], need[2]]
+    )
+    return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+def register() -> None:
+    """Fake kernels and autograd of this family's ops (fxfuse._C defines the ops)."""
+    for name, fake in (("bn_stats", _bn_stats_fake), ("bn_act", _bn_act_fake),
+                       ("bn_act_backward", _bn_act_backward_fake), ("bn_act_", _bn_act_inplace_fake),
+                       ("bn_act_backward_", _bn_act_backward_inplace_fake), ("batch_norm_act", _batch_norm_act_fake)):
+        torch.library.register_fake(f"fxfuse::{name}", fake)
+    torch.library.register_autograd("fxfuse::bn_act", _bn_act_bwd, setup_context=_bn_act_setup)
+    torch.library.register_autograd("fxfuse::batch_norm_act", _batch_norm_act_bwd,
+                                    setup_context=_batch_norm_act_setup)

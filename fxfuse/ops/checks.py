@@ -1,0 +1,198 @@
+"""What every fxfuse op family shares: the activations, and when a fused op may serve a call.
+
+A fused op runs only where it computes exactly what the eager ops compute (same dtypes
+and devices eager would accept, autocast casts as eager's, strided floating tensors,
+shapes the layer accepts); every other call runs the eager ops, so bad input raises
+exactly what eager raises. The fake kernels' shape helpers live here too.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import has_torch_function
+
+from .. import _extension
+
+_ACT_FUNCS: dict[str, Callable[[Tensor, float], Tensor]] = {
+    "none": lambda x, p: x,
+    "relu": lambda x, p: F.relu(x),
+    "relu6": lambda x, p: F.relu6(x),
+    "leaky_relu": lambda x, p: F.leaky_relu(x, p),
+    "gelu": lambda x, p: F.gelu(x),
+    "gelu_tanh": lambda x, p: F.gelu(x, approximate="tanh"),
+    "silu": lambda x, p: F.silu(x),
+    "hardswish": lambda x, p: F.hardswish(x),
+}
+ACTIVATIONS = tuple(_ACT_FUNCS)
+
+IntPair = Union[int, Sequence[int]]
+
+# Device types for which fxfuse registers Autocast kernels (csrc/autocast/): there the
+# fused ops cast as eager autocast does; under autocast on any other device, eager runs.
+AUTOCAST_DEVICES = ("cpu", "cuda")
+_AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts (not float64)
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def apply_activation(x: Tensor, act: str, act_param: float = 0.0) -> Tensor:
+    """The eager activation that the fused ops compute (out of place)."""
+    return _ACT_FUNCS[act](x, act_param)
+
+
+def check_act(act: str) -> None:
+    """The one check of an activation name (wrappers and fake kernels alike)."""
+    torch._check_value(act in _ACT_FUNCS,
+                       lambda: f"fxfuse: unknown activation {act!r}; expected one of {', '.join(ACTIVATIONS)}")
+
+
+# --------------------------------------------------------------------------- convolution geometry
+
+
+def int_pair(v) -> Optional[list[int]]:
+    """v as [int, int] if it is an int or a pair of ints, else None."""
+    if type(v) is int:
+        return [v, v]
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(type(e) is int for e in v):
+        return list(v)
+    return None
+
+
+def _same_padding(input: Tensor, weight: Tensor, dilation: list[int]) -> tuple[Tensor, list[int]]:
+    """padding='same' as ATen does it: symmetric part as conv padding, the odd remainder padded right."""
+    left, extra = [], []
+    for k, d in zip(weight.shape[2:], dilation):
+        total = d * (k - 1)
+        left.append(total // 2)
+        extra.append(total - 2 * (total // 2))
+    if any(extra):
+        input = F.pad(input, [0, extra[1], 0, extra[0]])
+    return input, left
+
+
+def conv_geometry(input: Tensor, weight: Tensor, stride, padding, dilation):
+    """(input, stride, padding, dilation, out_hw) as the fused conv ops take them, with padding='same'
+    applied as ATen applies it; None where F.conv2d must run (it raises its own errors there)."""
+    stride, dilation = int_pair(stride), int_pair(dilation)
+    if stride is None or dilation is None or min(stride) <= 0 or min(dilation) <= 0:
+        return None
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = [0, 0]
+        elif padding == "same" and stride == [1, 1]:
+            input, padding = _same_padding(input, weight, dilation)
+        else:
+            return None
+    else:
+        padding = int_pair(padding)
+        if padding is None or min(padding) < 0:
+            return None
+    out_hw = [(size + 2 * p - d * (k - 1) - 1) // s + 1
+              for size, p, d, k, s in zip(input.shape[2:], padding, dilation, weight.shape[2:], stride)]
+    if min(out_hw) <= 0:
+        return None
+    return input, stride, padding, dilation, out_hw
+
+
+def conv_meta(input, weight, bias, stride, padding, dilation, groups) -> Tensor:
+    """The convolution's output as the fake kernels see it (ATen's own meta function)."""
+    return torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation, False, [0, 0], groups)
+
+
+# --------------------------------------------------------------------------- dtypes, devices, autocast
+
+
+def autocast_on(device_type: str) -> bool:
+    # The meta device (fxfuse's shape and memory estimates) has no autocast state to ask.
+    return device_type != "meta" and torch.is_autocast_enabled(device_type)
+
+
+def _all_match(ref: Tensor, tensors: Sequence[Optional[Tensor]]) -> bool:
+    return all(t is None or (t.dtype == ref.dtype and t.device == ref.device) for t in tensors)
+
+
+def plain(tensor: Tensor, *optional: Optional[Tensor]) -> bool:
+    """Tensors (None allowed after the first) without a __torch_function__ override:
+    subclasses that have one get the eager ops."""
+    tensors = (tensor, *(t for t in optional if t is not None))
+    return all(isinstance(t, Tensor) for t in tensors) and not has_torch_function(tensors)
+
+
+def fusable(input: Tensor) -> bool:
+    """A strided floating-point input, outside autocast or under autocast on a device
+    where the fused ops cast as eager autocast does (AUTOCAST_DEVICES)."""
+    return (_extension.loaded() and input.is_floating_point() and input.layout == torch.strided
+            and not input.is_nested
+            and (not autocast_on(input.device.type) or input.device.type in AUTOCAST_DEVICES))
+
+
+def layer_dtype(input: Tensor, params: Sequence[Optional[Tensor]]) -> Optional[torch.dtype]:
+    """The dtype a conv2d / linear of `input` and `params` runs in, as eager runs it, or
+    None where the fused ops must not run it (mixed dtypes or devices eager would reject,
+    autocast on a device without fxfuse Autocast kernels).
+
+    Under torch.autocast, conv2d and linear are on autocast's lower-precision list: it
+    casts float32/float16/bfloat16 operands to the autocast dtype (float64 ones stay).
+    """
+    device = input.device.type
+    if not autocast_on(device):
+        return input.dtype if _all_match(input, params) else None
+    if device not in AUTOCAST_DEVICES:
+        return None
+    low = torch.get_autocast_dtype(device)
+    cast = [t.dtype if t.dtype not in _AUTOCAST_CASTS else low
+            for t in (input, *params) if t is not None]
+    same_device = all(t is None or t.device == input.device for t in params)
+    return cast[0] if same_device and all(d == cast[0] for d in cast) else None
+
+
+def bn_params_apply(dtype: torch.dtype, device: torch.device, params: Sequence[Optional[Tensor]]) -> bool:
+    """Whether BatchNorm parameters / running statistics go with an input of `dtype`:
+    all of one dtype, the input's or (half / bfloat16 input, as under autocast) float32,
+    the combinations eager's batch_norm accepts."""
+    given = [t for t in params if t is not None]
+    if any(t.device != device for t in given):
+        return False
+    dtypes = {t.dtype for t in given}
+    return not dtypes or dtypes == {dtype} or (dtype in _REDUCED and dtypes == {torch.float32})
+
+
+def _input_ok(input: Tensor) -> bool:
+    return (_extension.loaded() and input.dim() == 4 and input.is_floating_point() and not input.is_complex()
+            and not input.is_sparse and not input.is_quantized and input.layout == torch.strided)
+
+
+def kernels_apply(input: Tensor, bn_params: Sequence[Optional[Tensor]]) -> bool:
+    """Whether the BN(+activation) kernels compute `act(F.batch_norm(input, *bn_params))` as
+    eager would (else run eager). batch_norm and the activations are on no autocast list,
+    so autocast changes nothing here (on the devices fxfuse knows)."""
+    if not _input_ok(input):
+        return False
+    if autocast_on(input.device.type) and input.device.type not in AUTOCAST_DEVICES:
+        return False
+    return bn_params_apply(input.dtype, input.device, bn_params)
+
+
+def layer_kernels_apply(input: Tensor, layer_params: Sequence[Optional[Tensor]],
+                        bn_params: Sequence[Optional[Tensor]] = ()) -> bool:
+    """Whether a fused conv (-> BN) -> activation op computes this call as eager would,
+    autocast included (else run eager)."""
+    if not _input_ok(input):
+        return False
+    dtype = layer_dtype(input, layer_params)
+    return dtype is not None and bn_params_apply(dtype, input.device, bn_params)
+
+
+# --------------------------------------------------------------------------- fake kernels
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Statistics are kept in float32 for half/bfloat16 inputs, else in the input dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def stats_like(input: Tensor) -> Tensor:
+    torch._check(input.dim() == 4, lambda: f"fxfuse: expected a 4-D (N, C, H, W) input, got {input.dim()}-D")
+    return input.new_empty((input.shape[1],), dtype=stats_dtype(input.dtype))
