@@ -17,7 +17,7 @@ import argparse
 import copy
 import sys
 
-from fxfuse.bench import ensure_malloc_env
+from fxfuse.measure.bench import ensure_malloc_env
 
 ensure_malloc_env()
 
@@ -28,7 +28,8 @@ from tabulate import tabulate  # noqa: E402
 from torch import nn  # noqa: E402
 
 import fxfuse  # noqa: E402
-from fxfuse import bench, measure  # noqa: E402
+from fxfuse import measure  # noqa: E402
+from fxfuse.measure import bench  # noqa: E402
 
 SECTIONS = ("convnext", "vit", "bn_gelu", "efficientnet", "gelu")
 

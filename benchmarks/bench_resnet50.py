@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fxfuse.bench import ensure_malloc_env
+from fxfuse.measure.bench import ensure_malloc_env
 
 ensure_malloc_env()
 
 import torch  # noqa: E402
 import torchvision  # noqa: E402
 
-from fxfuse import bench  # noqa: E402
+from fxfuse.measure import bench  # noqa: E402
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import copy
 
-from fxfuse.bench import ensure_malloc_env
+from fxfuse.measure.bench import ensure_malloc_env
 
 ensure_malloc_env()
 
@@ -16,7 +16,7 @@ import torch  # noqa: E402
 import torchvision  # noqa: E402
 
 import fxfuse  # noqa: E402
-from fxfuse import bench  # noqa: E402
+from fxfuse.measure import bench  # noqa: E402
 
 
 def main() -> None:

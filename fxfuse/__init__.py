@@ -4,7 +4,7 @@ from . import ops
 from .audit import ChannelsLastReport, audit_channels_last, restore_channels_last
 from .errors import ExtensionNotLoadedError, FxFuseError, TracingError
 from .fusion import explain, optimize
-from .report import FusionReport
+from .fusion.report import FusionReport
 from .verify import VerifyReport, verify
 
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxfuse
-from fxfuse import runtime
+from fxfuse.fusion import runtime
 from fxfuse.testing import assert_equivalent
 
 F64 = torch.float64

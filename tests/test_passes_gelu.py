@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxfuse
-from fxfuse import runtime
+from fxfuse.fusion import runtime
 from fxfuse.testing import assert_equivalent
 
 # 2 * 8 * 256 * 256 elements: at the size threshold.

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import fxfuse
-from fxfuse import runtime
+from fxfuse.fusion import runtime
 from fxfuse.testing import assert_equivalent
 
 
@@ -41,9 +41,9 @@ class Block(nn.Module):
 
 
 def _graph_adds(model):
-    from fxfuse import tracing
-    from fxfuse.passes import PassContext, run_passes
-    from fxfuse.report import FusionReport
+    from fxfuse.fusion import tracing
+    from fxfuse.fusion.passes import PassContext, run_passes
+    from fxfuse.fusion.report import FusionReport
 
     traced = tracing.trace(model)
     ctx = PassContext(traced.graph, model, "memory", FusionReport("memory"))
@@ -75,9 +75,9 @@ def test_the_fresh_operand_may_be_the_right_one():
 
 
 def test_fast_mode_has_no_fused_outputs_to_add_into():
-    from fxfuse import tracing
-    from fxfuse.passes import PassContext, run_passes
-    from fxfuse.report import FusionReport
+    from fxfuse.fusion import tracing
+    from fxfuse.fusion.passes import PassContext, run_passes
+    from fxfuse.fusion.report import FusionReport
 
     traced = tracing.trace(Block())
     run_passes(PassContext(traced.graph, Block(), "fast", FusionReport("fast")))

@@ -8,8 +8,9 @@ import torchvision
 from torch import nn
 
 import fxfuse
-from fxfuse import measure, policy
+from fxfuse import measure
 from fxfuse.errors import ConfigurationError
+from fxfuse.fusion import policy
 from fxfuse.testing import assert_equivalent
 
 
@@ -151,5 +152,5 @@ def test_fast_mode_takes_no_budget():
 def test_auto_limit_is_documented_in_flops_per_byte():
     # A 1x1 conv from 128 channels in float32 sits exactly on the limit.
     conv = nn.Conv2d(128, 256, 1)
-    site = fxfuse.report.FusedSite(("0",), "conv2d→batch_norm2d", "none", "fxfuse::conv_bn_act")
+    site = fxfuse.fusion.report.FusedSite(("0",), "conv2d→batch_norm2d", "none", "fxfuse::conv_bn_act")
     assert policy._intrinsic_flops_per_byte(nn.Sequential(conv), site) == policy.AUTO_MAX_FLOPS_PER_BYTE

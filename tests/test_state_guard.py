@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from fxfuse.state_guard import StateGuard, owned_tensors
+from fxfuse.fusion.state_guard import StateGuard, owned_tensors
 
 
 def _model():

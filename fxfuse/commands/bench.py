@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from .. import bench
 from ..fusion import MODES
+from ..measure import bench
 from ._common import add_model_arguments, load_model, parse_dtype
 
 

@@ -22,8 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import (IntPair, apply_activation, check_act, conv_geometry, conv_meta, fusable, layer_dtype,
-                     layer_kernels_apply, plain)
+from .checks import (
+    IntPair,
+    apply_activation,
+    check_act,
+    conv_geometry,
+    conv_meta,
+    fusable,
+    layer_dtype,
+    layer_kernels_apply,
+    plain,
+)
 
 __all__ = ["conv_act", "linear_act"]
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import ops
-from .ops.checks import apply_activation, kernels_apply, layer_kernels_apply
+from .. import ops
+from ..ops.checks import apply_activation, kernels_apply, layer_kernels_apply
 from .passes import known_modules
 from .passes.known_modules import is_conv2d_same, is_norm_act
 

@@ -15,10 +15,10 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from ... import ops
 from .. import runtime
-from .. import ops
 from . import estimates
-from .calls import as_conv, activation_after, pattern_name
+from .calls import activation_after, as_conv, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
 from .matchers import has_hooks, site_name

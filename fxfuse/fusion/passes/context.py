@@ -9,6 +9,7 @@ from torch import nn
 
 from ..report import FusionReport
 
+
 @dataclass
 class PassContext:
     graph: fx.Graph

@@ -13,8 +13,8 @@ import operator
 
 import torch.fx as fx
 
+from ... import ops
 from .. import runtime
-from .. import ops
 from .context import PassContext
 from .rewrite import replace_chain
 

@@ -20,8 +20,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from . import _extension, measure, policy, shapes, tracing
-from .errors import ConfigurationError, TracingError
+from .. import _extension, measure
+from ..errors import ConfigurationError, TracingError
+from . import policy, shapes, tracing
 from .passes import PassContext, run_passes
 from .report import FusionReport, SkippedSite
 
@@ -42,7 +43,7 @@ class Options:
         """The passes' mode: auto and budgets pick among the sites of mode="memory"."""
         return "fast" if self.mode == "fast" else "memory"
 
-    def scoped(self, path: str) -> "Options":
+    def scoped(self, path: str) -> Options:
         """These options for the submodule at `path` (site names relative to it)."""
         if self.allowed is None or not path:
             return self

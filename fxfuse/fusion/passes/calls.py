@@ -17,8 +17,17 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .context import PassContext
-from .matchers import (Activation, activation_of, bn_module_problem, conv_module_problem, first_input,
-                       is_bn_function, is_conv_function, norm_act_activation, site_name)
+from .matchers import (
+    Activation,
+    activation_of,
+    bn_module_problem,
+    conv_module_problem,
+    first_input,
+    is_bn_function,
+    is_conv_function,
+    norm_act_activation,
+    site_name,
+)
 
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}

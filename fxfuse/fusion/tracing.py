@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 from torch import nn
 
-from .errors import TracingError
+from ..errors import TracingError
 from .passes.known_modules import is_known_leaf
 from .state_guard import StateGuard
 

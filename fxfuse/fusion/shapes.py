@@ -6,10 +6,10 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.shape_prop import ShapeProp
 
-from . import measure
+from .. import measure
 
 
 def propagate(root: nn.Module, graph: fx.Graph, example_inputs: Sequence[Any]) -> dict[fx.Node, Any]:

@@ -20,6 +20,7 @@ from .context import PassContext
 from .driver import FusionPass, Site
 from .matchers import activation_of, first_input, has_hooks, site_name
 
+
 def _approximate(node: fx.Node, ctx: PassContext) -> tuple[Optional[str], Optional[str]]:
     """(approximate, problem) for a GELU node; (None, None) for anything else."""
     if node.op == "call_module" and type(ctx.modules.get(node.target)) is nn.GELU and has_hooks(

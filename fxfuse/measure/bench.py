@@ -22,9 +22,9 @@ from tabulate import tabulate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import measure
-from .errors import ConfigurationError
-from .fusion import MODES, optimize
+from ..errors import ConfigurationError
+from ..fusion import MODES, optimize
+from . import memory
 
 PEERS = ("checkpoint", "compile")
 
@@ -149,10 +149,10 @@ def _peak_bytes(model: nn.Module, inputs: Sequence[Any]) -> Optional[int]:
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        measure.train_step(model, inputs)
+        memory.train_step(model, inputs)
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
-    return measure.step_peak_bytes(lambda: measure.train_step(model, inputs))
+    return memory.step_peak_bytes(lambda: memory.train_step(model, inputs))
 
 
 def compare(variants: dict[str, nn.Module], inputs: Sequence[Any], repeats: int = 5,
@@ -161,14 +161,14 @@ def compare(variants: dict[str, nn.Module], inputs: Sequence[Any], repeats: int 
     saved, resident, peak = {}, {}, {}
     for name, model in variants.items():
         log(f"measuring memory: {name}")
-        measure.train_step(model, inputs)  # warm-up: allocator, kernels, compilation
-        saved[name] = measure.saved_activation_bytes(model, inputs)
-        measure.forward_resident_bytes(model, inputs)
-        resident[name] = min(measure.forward_resident_bytes(model, inputs) for _ in range(2))
+        memory.train_step(model, inputs)  # warm-up: allocator, kernels, compilation
+        saved[name] = memory.saved_activation_bytes(model, inputs)
+        memory.forward_resident_bytes(model, inputs)
+        resident[name] = min(memory.forward_resident_bytes(model, inputs) for _ in range(2))
         peak[name] = _peak_bytes(model, inputs)
     log(f"timing train steps ({repeats} interleaved repeats)")
-    times = measure.median_step_times(
-        {name: (lambda m=model: measure.train_step(m, inputs)) for name, model in variants.items()},
+    times = memory.median_step_times(
+        {name: (lambda m=model: memory.train_step(m, inputs)) for name, model in variants.items()},
         repeats=repeats)
     base = next(iter(variants))
 

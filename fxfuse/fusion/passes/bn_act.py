@@ -10,8 +10,8 @@ from typing import Optional
 
 import torch.fx as fx
 
+from ... import ops
 from .. import runtime
-from .. import ops
 from . import estimates
 from .calls import ActivationUse, LayerCall, activation_after, as_batch_norm, as_conv, bn_activation, pattern_name
 from .context import PassContext

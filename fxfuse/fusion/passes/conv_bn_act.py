@@ -10,8 +10,8 @@ from typing import Optional
 
 import torch.fx as fx
 
+from ... import ops
 from .. import runtime
-from .. import ops
 from . import estimates
 from .calls import ActivationUse, LayerCall, as_batch_norm, as_conv, bn_activation, conv_arguments, pattern_name
 from .context import PassContext
