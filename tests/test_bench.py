@@ -26,6 +26,11 @@ def small_net():
 def test_variant_names_and_errors():
     assert bench.parse_variants(["memory", "auto"], [0.7], ["checkpoint"]) == [
         "eager", "memory", "auto", "budget=0.7", "checkpoint"]
+    assert bench.parse_variants(["memory"], [0.5, 0.3], ["compile-budget"], channels_last_baseline=True) == [
+        "eager", "eager-channels_last", "memory", "budget=0.5", "budget=0.3", "compile-budget=0.5",
+        "compile-budget=0.3"]
+    with pytest.raises(ConfigurationError, match="give --budget too"):
+        bench.parse_variants(["memory"], [], ["compile-budget"])
     with pytest.raises(ConfigurationError, match="unknown mode"):
         bench.parse_variants(["turbo"])
     with pytest.raises(ConfigurationError, match="unknown peer"):
@@ -65,6 +70,37 @@ def test_compare_rows_are_ratios_to_eager():
     assert "peak in step" in text and "budget=0.8" in text
 
 
+def test_ratios_are_to_the_faster_eager_baseline_and_variants_run_in_their_layout():
+    x = torch.randn(2, 3, 16, 16)
+    fmt = torch.channels_last
+    names = ["eager", "eager-channels_last", "memory"]
+    variants = {name: bench.make_variant(name, small_net(), (x,), memory_format=fmt) for name in names}
+    assert variants["eager"][0].weight.is_contiguous()
+    assert variants["eager-channels_last"][0].weight.is_contiguous(memory_format=fmt)
+    assert variants["memory"][0].weight.is_contiguous(memory_format=fmt)
+    rows = bench.compare(variants, (x,), repeats=1, memory_format=fmt)
+    baselines = [r for r in rows if r.baseline]
+    assert len(baselines) == 1 and baselines[0].variant in ("eager", "eager-channels_last")
+    assert baselines[0].time_ratio == 1.0 and baselines[0].saved_ratio == 1.0
+    other = next(r for r in rows if r.variant in ("eager", "eager-channels_last") and not r.baseline)
+    assert other.step_seconds >= baselines[0].step_seconds
+    assert "(baseline)" in bench.render(rows)
+
+
+def test_compile_budgets_are_compiled_separately_and_stay_exact():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU())
+    x = torch.randn(2, 3, 8, 8)
+    loose, tight = (bench.make_variant(f"compile-budget={b}", model, (x,)) for b in (1.0, 0.05))
+    saved = {b: measure.saved_activation_bytes(m, (x,)) for b, m in ((1.0, loose), (0.05, tight))}
+    assert saved[0.05] < saved[1.0], saved
+    eager = copy.deepcopy(model)
+    for m in (eager, tight):
+        m.train()
+    torch.testing.assert_close(tight(x), eager(x), rtol=1e-4, atol=1e-5)
+
+
 def _touch_fresh_pages(size: int) -> None:
     # An anonymous mapping: new pages whatever the heap already holds (malloc could reuse resident memory).
     block = mmap.mmap(-1, size)
@@ -85,7 +121,9 @@ def test_cli_bench_json_with_peers(capsys):
     assert main(argv) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
-    assert [r["variant"] for r in result["rows"]] == ["eager", "fast", "memory", "budget=0.8", "checkpoint"]
+    assert [r["variant"] for r in result["rows"]] == ["eager", "eager-channels_last", "fast", "memory", "budget=0.8",
+                                                      "checkpoint"]
+    assert result["memory_format"] == "channels_last" and sum(r["baseline"] for r in result["rows"]) == 1
     assert result["reports"]["budget=0.8"]["budget_met"] is True
     assert "[fxfuse bench] timing train steps" in captured.err  # progress goes to stderr
 
@@ -96,6 +134,17 @@ def test_cli_bench_table_with_compile(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "compile" in out and "auto: " in out and "train step" in out
+
+
+def test_cli_bench_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "frontier.svg"
+    argv = ["bench", "tests.test_bench:small_net", "--input-shape", "2,3,8,8", "--modes", "memory",
+            "--memory-format", "contiguous", "--repeats", "1", "--plot", str(path)]
+    assert main(argv) == 0
+    svg = path.read_text()
+    assert svg.startswith("<?xml") and "eager-channels_last" in svg and "memory" in svg
+    assert "variants in contiguous" in capsys.readouterr().out
 
 
 def test_cli_bench_bad_mode_is_a_clear_error(capsys):

@@ -31,8 +31,9 @@ def register(subparsers) -> None:
                     "bytes saved for backward (saved_tensors_hooks), resident memory at the end of forward, "
                     "peak memory during a train step, and median train-step time (interleaved repeats). "
                     "Random weights and inputs.",
-        epilog="example: fxfuse bench torchvision:resnet50 --input-shape 8,3,224,224 --modes memory,auto "
-               "--budget 0.7 --with checkpoint")
+        epilog="Ratios are to the faster eager baseline of the run: eager NCHW or eager channels_last "
+               "(4-D inputs). example: fxfuse bench torchvision:resnet50 --input-shape 8,3,224,224 "
+               "--modes memory,auto --budget 0.5 --with checkpoint,compile-budget --plot frontier.svg")
     add_model_arguments(parser)
     parser.add_argument("--modes", type=_csv, default=["memory"], metavar="M[,M...]",
                         help=f"fxfuse modes to run besides eager: {', '.join(MODES)} (default: memory)")
@@ -40,17 +41,27 @@ def register(subparsers) -> None:
                         help="also run fxfuse with memory_budget=B (fraction of eager's saved activations)")
     parser.add_argument("--with", dest="peers", type=_csv, default=[], metavar="PEER[,PEER...]",
                         help=f"peers to compare against: {', '.join(bench.PEERS)} "
-                             "(checkpoint: torch.utils.checkpoint on each top-level block)")
+                             "(checkpoint: torch.utils.checkpoint on each top-level block; compile-budget: "
+                             "torch.compile with activation_memory_budget at each --budget)")
     parser.add_argument("--repeats", type=int, default=5, help="timed train steps per variant (default: 5)")
     parser.add_argument("--dtype", type=parse_dtype, default=torch.float32, help="float32 (default) or float64")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--channels-last", action="store_true", help="model and input in channels_last")
+    parser.add_argument("--memory-format", choices=("channels_last", "contiguous"), default="channels_last",
+                        help="layout of the model and input for every variant but the eager baselines "
+                             "(4-D inputs; default: channels_last, the faster eager layout for CNNs on CPU)")
+    parser.add_argument("--channels-last", dest="memory_format", action="store_const", const="channels_last",
+                        help=argparse.SUPPRESS)  # the flag before --memory-format
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="also draw the memory/time plane to PATH (.svg, .png; "
+                                                      "needs matplotlib: pip install 'fxfuse[plot]')")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    names = bench.parse_variants(args.modes, args.budget, args.peers)
+    four_d = len(args.input_shape) == 4
+    fmt = (torch.channels_last if args.memory_format == "channels_last" else torch.contiguous_format) if four_d \
+        else None
+    names = bench.parse_variants(args.modes, args.budget, args.peers, channels_last_baseline=four_d)
     if args.device == "cpu":
         bench.ensure_malloc_env()
 
@@ -58,30 +69,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"[fxfuse bench] {message}", file=sys.stderr, flush=True)
 
     torch.manual_seed(0)
-    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = load_model(args.model).to(device=args.device, dtype=args.dtype, memory_format=fmt).train()
+    model = load_model(args.model).to(device=args.device, dtype=args.dtype).train()
     x = torch.randn(*args.input_shape, device=args.device, dtype=args.dtype)
-    if args.channels_last and x.dim() == 4:
-        x = x.contiguous(memory_format=fmt)
     variants, reports = {}, {}
     for name in names:
         log(f"preparing {name}")
-        variants[name] = bench.make_variant(name, model, (x,))
+        variants[name] = bench.make_variant(name, model, (x,), memory_format=fmt)
         report = getattr(variants[name], "fxfuse_report", None)
         if report is not None:
             reports[name] = report
     del model
-    rows = bench.compare(variants, (x,), repeats=args.repeats, log=log)
+    rows = bench.compare(variants, (x,), repeats=args.repeats, log=log, memory_format=fmt)
+    if args.plot:
+        bench.plot_frontier(rows, args.plot, title=f"{args.model}, input {'x'.join(map(str, args.input_shape))}, "
+                                                  f"{args.memory_format}, {args.device}")
+        log(f"frontier plot written to {args.plot}")
     if args.json:
         print(json.dumps({
             "model": args.model, "input_shape": list(args.input_shape), "dtype": str(args.dtype),
-            "device": args.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "device": args.device, "memory_format": args.memory_format if four_d else None,
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
             "machine": platform.machine(), "rows": bench.to_json(rows),
             "reports": {name: r.to_dict() for name, r in reports.items()},
         }, indent=2))
         return 0
+    layout = f", variants in {args.memory_format}" if four_d else ""
     print(f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {str(args.dtype).replace('torch.', '')}, "
-          f"{args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+          f"{args.device}{layout}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(bench.render(rows))
     for name, report in reports.items():
         fused = len(report.fused)

@@ -1,13 +1,17 @@
 """Side-by-side measurement of eager, fxfuse and the peers users would pick instead, in one process.
 
 Used by `fxfuse bench`, `make demo` and the benchmark scripts, so every number in the
-README comes from the same code. Every row is also a ratio to the first (eager).
+README comes from the same code. Every row is also a ratio to the baseline: the
+faster of the eager variants measured in the same run (for CNNs on CPU, channels_last
+eager is often 1.5x faster than NCHW eager, and it is what a careful user runs).
 Resident-memory numbers need MALLOC_MMAP_THRESHOLD_=65536 in the environment at
 process start (see `ensure_malloc_env`).
 
-Variants: "eager"; fxfuse modes "fast", "memory", "auto"; "budget=0.7" (fxfuse with
-memory_budget=0.7); peers "checkpoint" (torch.utils.checkpoint, non-reentrant, on each
-top-level child block) and "compile" (torch.compile).
+Variants: "eager" (NCHW) and "eager-channels_last"; fxfuse modes "fast", "memory",
+"auto"; "budget=0.7" (fxfuse with memory_budget=0.7); peers "checkpoint"
+(torch.utils.checkpoint, non-reentrant, on each top-level child block), "compile"
+(torch.compile) and "compile-budget=0.7" (torch.compile with AOTAutograd's
+activation_memory_budget=0.7, its knapsack over which activations to recompute).
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ from ..errors import ConfigurationError
 from ..fusion import MODES, optimize
 from . import memory
 
-PEERS = ("checkpoint", "compile")
+PEERS = ("checkpoint", "compile", "compile-budget")
+EAGER_CHANNELS_LAST = "eager-channels_last"
 
 
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
@@ -62,6 +67,7 @@ class Row:
     time_ratio: float = 1.0
     peak_bytes: Optional[int] = None  # resident-memory growth during a train step (CPU) / allocator peak (CUDA)
     peak_ratio: Optional[float] = None
+    baseline: bool = False  # the row the ratios are to
 
 
 # ------------------------------------------------------------------ variants
@@ -99,9 +105,40 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
     return model
 
 
-def parse_variants(modes: Sequence[str], budgets: Sequence[float] = (), peers: Sequence[str] = ()) -> list[str]:
-    """Variant names in table order, with eager first; bad names raise ConfigurationError."""
-    names = ["eager"]
+class BudgetCompiled(nn.Module):
+    """`torch.compile(model)` partitioned under AOTAutograd's activation_memory_budget=`budget`.
+
+    Dynamo caches compiled graphs on the code object it starts from, and its guards
+    let copies of one model share them: `torch.compile` of a second copy would reuse
+    the graph compiled under the first copy's budget. Each instance therefore starts
+    from an entry function of its own (a new code object), compiled on its first call
+    with the budget in force.
+    """
+
+    def __init__(self, model: nn.Module, budget: float) -> None:
+        super().__init__()
+        self.model = model
+        self.budget = float(budget)
+        namespace: dict = {}
+        source = "def entry(model, *args, **kwargs):\n    return model(*args, **kwargs)\n"
+        exec(compile(source, f"<fxfuse compile-budget={budget:g} #{id(self)}>", "exec"), namespace)
+        self._entry = torch.compile(namespace["entry"])
+
+    def forward(self, *args, **kwargs):
+        import torch._functorch.config as functorch_config
+
+        with functorch_config.patch(activation_memory_budget=self.budget):
+            return self._entry(self.model, *args, **kwargs)
+
+
+def parse_variants(modes: Sequence[str], budgets: Sequence[float] = (), peers: Sequence[str] = (),
+                   channels_last_baseline: bool = False) -> list[str]:
+    """Variant names in table order, eager first; bad names raise ConfigurationError.
+
+    `channels_last_baseline` adds eager in channels_last beside eager NCHW (4-D inputs).
+    "compile-budget" runs at each of `budgets`, the budgets fxfuse runs at.
+    """
+    names = ["eager"] + ([EAGER_CHANNELS_LAST] if channels_last_baseline else [])
     for mode in modes:
         if mode != "eager" and mode not in MODES:
             raise ConfigurationError(f"unknown mode {mode!r}: choose from eager, {', '.join(MODES)}")
@@ -111,22 +148,55 @@ def parse_variants(modes: Sequence[str], budgets: Sequence[float] = (), peers: S
     for peer in peers:
         if peer not in PEERS:
             raise ConfigurationError(f"unknown peer {peer!r}: choose from {', '.join(PEERS)}")
-        names.append(peer)
+        if peer == "compile-budget":
+            if not budgets:
+                raise ConfigurationError("compile-budget runs torch.compile at fxfuse's budgets: give --budget too")
+            names += [f"compile-budget={b:g}" for b in budgets]
+        else:
+            names.append(peer)
     return names
 
 
-def make_variant(name: str, model: nn.Module, example_inputs: Sequence[Any]) -> nn.Module:
-    """A fresh copy of `model` set up as variant `name` (see parse_variants)."""
+def is_baseline(name: str) -> bool:
+    return name in ("eager", EAGER_CHANNELS_LAST)
+
+
+def variant_layout(name: str, memory_format: torch.memory_format) -> torch.memory_format:
+    """The memory format variant `name` runs in: the eager baselines have their own."""
     if name == "eager":
-        return copy.deepcopy(model)
+        return torch.contiguous_format
+    if name == EAGER_CHANNELS_LAST:
+        return torch.channels_last
+    return memory_format
+
+
+def in_layout(inputs: Sequence[Any], memory_format: torch.memory_format) -> tuple:
+    """`inputs` with every 4-D tensor in `memory_format`."""
+    return tuple(x.contiguous(memory_format=memory_format) if isinstance(x, torch.Tensor) and x.dim() == 4 else x
+                 for x in inputs)
+
+
+def make_variant(name: str, model: nn.Module, example_inputs: Sequence[Any],
+                 memory_format: Optional[torch.memory_format] = None) -> nn.Module:
+    """A fresh copy of `model` set up as variant `name` (see parse_variants), in `memory_format` if given
+    (the eager baselines always in their own)."""
+    copied = copy.deepcopy(model)
+    if memory_format is not None:
+        layout = variant_layout(name, memory_format)
+        copied = copied.to(memory_format=layout)
+        example_inputs = in_layout(example_inputs, layout)
+    if is_baseline(name):
+        return copied
     if name in MODES:
-        return optimize(copy.deepcopy(model), tuple(example_inputs), mode=name)
+        return optimize(copied, tuple(example_inputs), mode=name)
     if name.startswith("budget="):
-        return optimize(copy.deepcopy(model), tuple(example_inputs), memory_budget=float(name.split("=", 1)[1]))
+        return optimize(copied, tuple(example_inputs), memory_budget=float(name.split("=", 1)[1]))
     if name == "checkpoint":
-        return checkpoint_blocks(copy.deepcopy(model))
+        return checkpoint_blocks(copied)
     if name == "compile":
-        return torch.compile(copy.deepcopy(model))
+        return torch.compile(copied)
+    if name.startswith("compile-budget="):
+        return BudgetCompiled(copied, float(name.split("=", 1)[1]))
     raise ConfigurationError(f"unknown variant {name!r}")
 
 
@@ -156,21 +226,29 @@ def _peak_bytes(model: nn.Module, inputs: Sequence[Any]) -> Optional[int]:
 
 
 def compare(variants: dict[str, nn.Module], inputs: Sequence[Any], repeats: int = 5,
-            log: Callable[[str], None] = lambda s: None) -> list[Row]:
-    """Measure every variant; the first one is the baseline of the ratios."""
+            log: Callable[[str], None] = lambda s: None,
+            memory_format: Optional[torch.memory_format] = None) -> list[Row]:
+    """Measure every variant. The baseline of the ratios is the fastest eager variant
+    (`is_baseline`), else the first. With `memory_format`, each variant gets the inputs
+    in its own layout (`variant_layout`)."""
+    def inputs_of(name: str) -> tuple:
+        return tuple(inputs) if memory_format is None else in_layout(inputs, variant_layout(name, memory_format))
+
     saved, resident, peak = {}, {}, {}
     for name, model in variants.items():
         log(f"measuring memory: {name}")
-        memory.train_step(model, inputs)  # warm-up: allocator, kernels, compilation
-        saved[name] = memory.saved_activation_bytes(model, inputs)
-        memory.forward_resident_bytes(model, inputs)
-        resident[name] = min(memory.forward_resident_bytes(model, inputs) for _ in range(2))
-        peak[name] = _peak_bytes(model, inputs)
+        x = inputs_of(name)
+        memory.train_step(model, x)  # warm-up: allocator, kernels, compilation
+        saved[name] = memory.saved_activation_bytes(model, x)
+        memory.forward_resident_bytes(model, x)
+        resident[name] = min(memory.forward_resident_bytes(model, x) for _ in range(2))
+        peak[name] = _peak_bytes(model, x)
     log(f"timing train steps ({repeats} interleaved repeats)")
     times = memory.median_step_times(
-        {name: (lambda m=model: memory.train_step(m, inputs)) for name, model in variants.items()},
+        {name: (lambda m=model, x=inputs_of(name): memory.train_step(m, x)) for name, model in variants.items()},
         repeats=repeats)
-    base = next(iter(variants))
+    baselines = [name for name in variants if is_baseline(name)] or [next(iter(variants))]
+    base = min(baselines, key=times.__getitem__)
 
     def ratio(values: dict, name: str) -> Optional[float]:
         if values[name] is None or not values[base]:
@@ -178,7 +256,8 @@ def compare(variants: dict[str, nn.Module], inputs: Sequence[Any], repeats: int 
         return values[name] / values[base]
 
     return [Row(name, saved[name], resident[name], times[name], ratio(saved, name) or 0.0,
-                ratio(resident, name) or 0.0, times[name] / times[base], peak[name], ratio(peak, name))
+                ratio(resident, name) or 0.0, times[name] / times[base], peak[name], ratio(peak, name),
+                baseline=name == base)
             for name in variants]
 
 
@@ -191,7 +270,7 @@ def render(rows: list[Row]) -> str:
     def x(r: Optional[float]) -> str:
         return "-" if r is None else f"{r:.3f}"
 
-    table = [(r.variant, size(r.saved_bytes), x(r.saved_ratio), size(r.resident_bytes), x(r.resident_ratio),
+    table = [(r.variant + (" (baseline)" if r.baseline else ""), size(r.saved_bytes), x(r.saved_ratio), size(r.resident_bytes), x(r.resident_ratio),
               size(r.peak_bytes), x(r.peak_ratio), f"{r.step_seconds * 1e3:.0f} ms", x(r.time_ratio)) for r in rows]
     return tabulate(table, headers=["variant", "saved for backward", "ratio", "resident at end of fwd", "ratio",
                                     "peak in step", "ratio", "train step", "ratio"])
@@ -199,3 +278,33 @@ def render(rows: list[Row]) -> str:
 
 def to_json(rows: list[Row]) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+def plot_frontier(rows: list[Row], path: str, title: str = "") -> None:
+    """The memory/time plane: saved-for-backward and peak ratios against step-time ratio, a point per variant.
+
+    Needs matplotlib (`pip install fxfuse[plot]`); the format follows `path`'s suffix (.svg, .png, .pdf).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigurationError("--plot needs matplotlib: pip install 'fxfuse[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for attr, marker, label in (("saved_ratio", "o", "saved for backward"), ("peak_ratio", "^", "peak in step")):
+        points = [(r.time_ratio, getattr(r, attr), r.variant) for r in rows if getattr(r, attr) is not None]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, label=label)
+        for x, y, name in points:
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    base = next((r.variant for r in rows if r.baseline), rows[0].variant)
+    ax.set_xlabel(f"train step time (ratio to {base})")
+    ax.set_ylabel(f"memory (ratio to {base})")
+    ax.axhline(1.0, color="grey", linewidth=0.5)
+    ax.axvline(1.0, color="grey", linewidth=0.5)
+    ax.set_title(title or "memory/time frontier")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
