@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the zo
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from tabulate import tabulate  # noqa: E402
-
-import fxfuse  # noqa: E402
 from conv_bn_sites import coverage, existing_sites  # noqa: E402
 from dense_zoo import SEGMENTATION  # noqa: E402
-from fxfuse.measure import saved_activation_bytes  # noqa: E402
+from tabulate import tabulate  # noqa: E402
 from timm_zoo import BY_NAME, ZOO  # noqa: E402
+
+import fxfuse  # noqa: E402
+from fxfuse.measure import saved_activation_bytes  # noqa: E402
 
 MEMORY_TARGET = ("efficientnet_b0", 8, 224, 0.42)  # model, batch, resolution, max saved-bytes ratio
 
@@ -94,9 +94,9 @@ def family_table(rows: list[ModelRow]) -> str:
         sites, fused = sum(r.sites for r in members), sum(r.fused for r in members)
         eager, ours = sum(r.eager_saved_bytes for r in members), sum(r.fxfuse_saved_bytes for r in members)
         inputs = ", ".join(sorted({r.input for r in members}))
-        table.append((family, ", ".join(r.name for r in members), inputs, sum(r.bn_layers for r in members), sites, fused,
-                      _coverage(fused, sites), _reasons(members), f"{ours / eager:.2f}x",
-                      f"{max(r.optimize_s for r in members):.1f}"))
+        names = ", ".join(r.name for r in members)
+        table.append((family, names, inputs, sum(r.bn_layers for r in members), sites, fused, _coverage(fused, sites),
+                      _reasons(members), f"{ours / eager:.2f}x", f"{max(r.optimize_s for r in members):.1f}"))
     return tabulate(table, tablefmt="github", headers=[
         "family", "models", "input", "BN layers", "Conv→BN sites", "fused", "coverage", "not fused (sites: reason)",
         "saved bytes vs eager", "optimize s (max)"])
@@ -138,9 +138,9 @@ def main(argv=None) -> int:
         print(f"  {entry.name}: {rows[-1].fused}/{rows[-1].sites} fused, optimize {rows[-1].optimize_s:.1f}s",
               file=sys.stderr, flush=True)
 
-    print(f"Conv→BN coverage of fxfuse.optimize(mode=\"memory\"), float32, train mode, input batch x resolution "
-          f"as listed; saved bytes: saved-for-backward bytes of one forward, fxfuse / eager, per family "
-          f"summed over its models.\n")
+    print("Conv→BN coverage of fxfuse.optimize(mode=\"memory\"), float32, train mode, input batch x resolution "
+          "as listed; saved bytes: saved-for-backward bytes of one forward, fxfuse / eager, per family "
+          "summed over its models.\n")
     print(model_table(rows) if args.per_model else family_table(rows))
     slowest = max(rows, key=lambda r: r.optimize_s)
     print(f"\nslowest optimize(): {slowest.name} {slowest.optimize_s:.1f}s")

@@ -12,14 +12,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from conv_bn_sites import Census, Coverage, coverage, existing_sites
+from timm_zoo import FAST, ZOO, ZooModel
 from torch import nn
 
-timm = pytest.importorskip("timm")
-
-import fxfuse  # noqa: E402
-from conv_bn_sites import Census, Coverage, coverage, existing_sites  # noqa: E402
-from fxfuse.testing import assert_equivalent  # noqa: E402
-from timm_zoo import FAST, ZOO, ZooModel  # noqa: E402
+import fxfuse
+from fxfuse.testing import assert_equivalent
 
 MIN_COVERAGE = 0.95
 

@@ -11,11 +11,11 @@ import copy
 
 import pytest
 import torch
+from conv_bn_sites import coverage, existing_sites
+from dense_zoo import DETECTION_BACKBONES, SEGMENTATION
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 import fxfuse
-from conv_bn_sites import coverage, existing_sites
-from dense_zoo import DETECTION_BACKBONES, SEGMENTATION
 from fxfuse.testing import assert_equivalent, compare_models, copy_model, failure_summary
 
 MIN_COVERAGE = 0.95
