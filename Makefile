@@ -8,7 +8,7 @@ BUILT  := $(VENV)/.fxfuse-built
 CSRC   := $(shell find fxfuse/csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu')
 PYTEST_ARGS ?=
 
-.PHONY: all setup build test lint demo bench install-check cuda-check cuda-build clean
+.PHONY: all setup build test lint zoo zoo-coverage demo bench install-check cuda-check cuda-build clean
 
 all: test
 
@@ -35,6 +35,15 @@ test: $(BUILT) cuda-check
 lint: $(DEPS)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# The whole model zoo (tests/timm_zoo.py, tests/dense_zoo.py): `make test` runs only its
+# representative part; -m "" lifts the default `-m 'not zoo'` from pyproject's addopts.
+zoo: $(BUILT)
+	$(PY) -m pytest -q -m "" tests/test_timm_zoo.py tests/test_torchvision_dense.py $(PYTEST_ARGS)
+
+# The README's timm zoo coverage table.
+zoo-coverage: $(BUILT)
+	$(PY) benchmarks/zoo_coverage.py
 
 demo: $(BUILT)
 	$(PY) examples/resnet_demo.py

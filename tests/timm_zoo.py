@@ -1,0 +1,92 @@
+"""The timm model zoo that fxfuse is checked on: which models, which family, which input.
+
+Shared by tests/test_timm_zoo.py (exactness, coverage) and benchmarks/zoo_coverage.py
+(the README coverage table), so that the table describes exactly the models the tests
+check. The smallest variant of each family, at a small resolution: every model sees at
+least 2x2 spatial at its last BatchNorm, i.e. 8 values per channel at batch 2 (fewer
+makes float64 batch norm so ill-conditioned that rounding alone breaks a 1e-9 tolerance).
+
+`FAST` is the representative part that `make test` runs; the rest carries the `zoo`
+marker and runs with `make zoo`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built with pretrained=False; never reach the hub
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str  # timm model name
+    family: str  # one row of the coverage table
+    size: int = 64  # square input resolution
+    batch: int = 2
+    kwargs: dict[str, Any] = field(default_factory=dict)  # extra timm.create_model arguments
+    conv_bn: bool = True  # False for families without Conv2d→BatchNorm2d (ViT, ConvNeXt)
+
+    def build(self) -> nn.Module:
+        import timm
+
+        return timm.create_model(self.name, pretrained=False, num_classes=10, **self.kwargs)
+
+    def example_input(self, batch: int | None = None, size: int | None = None) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(0)
+        return torch.randn(batch or self.batch, 3, size or self.size, size or self.size, generator=generator)
+
+
+def _family(family: str, *names: str, **options: Any) -> list[ZooModel]:
+    return [ZooModel(name, family, **options) for name in names]
+
+
+ZOO: list[ZooModel] = [
+    *_family("ResNet / ResNet-D / ResNeXt", "resnet18", "resnet26d", "resnet50", "resnext26ts", "seresnext26d_32x4d"),
+    # tf_* variants pad with timm's Conv2dSame; efficientnet_cc_* uses CondConv2d.
+    *_family("EfficientNet", "efficientnet_b0", "tf_efficientnet_b0", "efficientnet_lite0", "efficientnet_cc_b0_4e"),
+    *_family("EfficientNetV2", "efficientnetv2_rw_t", "tf_efficientnetv2_b0"),
+    *_family("MobileNetV2", "mobilenetv2_050"),
+    *_family("MobileNetV3", "mobilenetv3_large_100", "mobilenetv3_small_050", "tf_mobilenetv3_small_minimal_100"),
+    *_family("MixNet", "mixnet_s", "tf_mixnet_s"),  # MixedConv2d
+    *_family("MnasNet", "mnasnet_small", "semnasnet_050"),
+    *_family("RegNetX", "regnetx_002"),
+    *_family("RegNetY", "regnety_002", "regnety_016"),
+    *_family("RegNetZ", "regnetz_005"),
+    *_family("CSPNet", "cspresnet50", "cspresnext50", "cs3darknet_s"),
+    *_family("DarkNet", "darknet17"),
+    *_family("DLA", "dla34", "dla46_c"),
+    *_family("DPN", "dpn48b"),
+    *_family("HRNet", "hrnet_w18_small"),
+    *_family("GhostNet", "ghostnet_050"),
+    *_family("ReXNet", "rexnet_100"),
+    *_family("RepVGG", "repvgg_a0"),
+    *_family("DenseNet", "densenet121"),
+    *_family("VoVNet", "ese_vovnet19b_dw"),
+    *_family("SelecSLS", "selecsls42b"),
+    *_family("Res2Net", "res2net50_14w_8s"),
+    *_family("SKNet", "skresnet18"),
+    *_family("ResNeSt", "resnest14d"),
+    *_family("GENet", "gernet_s"),
+    *_family("LCNet", "lcnet_050"),
+    *_family("TinyNet", "tinynet_e"),
+    *_family("FBNet", "fbnetc_100", "fbnetv3_b"),
+    *_family("MobileViT", "mobilevit_xxs", "mobilevitv2_050"),
+    *_family("ConvNeXt", "convnext_atto", conv_bn=False),
+    *_family("ViT", "vit_tiny_patch16_224", size=32, kwargs={"img_size": 32}, conv_bn=False),
+]
+
+BY_NAME: dict[str, ZooModel] = {m.name: m for m in ZOO}
+
+# What `make test` runs: BatchNormAct2d with SqueezeExcite and inplace SiLU (efficientnet_b0),
+# Conv2dSame (tf_mobilenetv3_small_minimal_100), MixedConv2d (mixnet_s), ConvNormAct (regnetx_002),
+# CSP stages (cs3darknet_s), plain nn.BatchNorm2d with ResNet-D stems (resnet26d), RepVGG blocks.
+FAST: frozenset[str] = frozenset({
+    "efficientnet_b0", "tf_mobilenetv3_small_minimal_100", "mixnet_s", "regnetx_002", "cs3darknet_s",
+    "resnet26d", "repvgg_a0",
+})
+
+assert FAST <= set(BY_NAME), FAST - set(BY_NAME)
