@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from . import _extension, measure, policy, shapes, tracing
+from . import _extension, example_inputs as _example_inputs, measure, policy, shapes, tracing
 from .errors import ConfigurationError, TracingError
 from .passes import PassContext, run_passes
 from .report import FusionReport, SkippedSite
@@ -273,6 +273,13 @@ def _check(model, mode: str, memory_budget, example_inputs) -> None:
     _extension.require()
 
 
+def _check_example_inputs(model: nn.Module, example_inputs) -> None:
+    """Inputs eager rejects are an error here, not a reason for every estimate to fail later."""
+    inputs = _normalize_inputs(example_inputs)
+    if inputs is not None:
+        _example_inputs.check_accepted(model, inputs)
+
+
 def _run(model: nn.Module, example_inputs, options: Options, install: bool) -> FusionReport:
     report = FusionReport(options.mode)
     roots = _optimize_tree(model, "", options, example_inputs, report, install)
@@ -332,6 +339,7 @@ def optimize(model: nn.Module, example_inputs=None, *, mode: str = "memory",
     eager's with the least recompute; the report says whether the budget was met.
     """
     _check(model, mode, memory_budget, example_inputs)
+    _check_example_inputs(model, example_inputs)
     if any(is_optimized(m) for m in model.modules()):
         _uninstall(model)
     report = _optimized(model, example_inputs, mode, memory_budget, install=True)
@@ -343,6 +351,7 @@ def explain(model: nn.Module, example_inputs=None, *, mode: str = "memory",
             memory_budget: Optional[float] = None) -> FusionReport:
     """What `optimize` would fuse and skip (and why), without changing `model`."""
     _check(model, mode, memory_budget, example_inputs)
+    _check_example_inputs(model, example_inputs)
     target = model
     if any(is_optimized(m) for m in model.modules()):
         target = copy.deepcopy(model)
