@@ -5,7 +5,9 @@ arguments) must stop `optimize`/`explain` with one clear line, not make every si
 estimate fail and the rewrite quietly fall back. The check runs the model as it is,
 first on a meta-device copy (shapes only), else with fake tensors (ops without meta
 kernels), and only where both fail, for real under no_grad on a deep copy: a failure
-there is eager's own error. The user's model is not touched.
+there is eager's own error. The user's model is not touched. The check runs in eval
+mode: example inputs size the model, and a batch of one, which training-mode
+BatchNorm rejects after global pooling, is a fine size.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def check_accepted(model: nn.Module, inputs: Sequence[Any]) -> None:
             pass
     try:
         with torch.no_grad():
-            copy.deepcopy(model)(*inputs)
+            copy.deepcopy(model).eval()(*inputs)
     except Exception as exc:  # noqa: BLE001 - eager's own error, re-raised as one line
         raise ConfigurationError(
             f"example_inputs do not fit {type(model).__name__}: eager PyTorch raises "
@@ -41,11 +43,17 @@ def check_accepted(model: nn.Module, inputs: Sequence[Any]) -> None:
 
 def _meta_forward(model: nn.Module, inputs: Sequence[Any]) -> None:
     with torch.no_grad():
-        measure.meta_copy(model)(*measure.to_meta(inputs))
+        measure.meta_copy(model).eval()(*measure.to_meta(inputs))
 
 
 def _fake_forward(model: nn.Module, inputs: Sequence[Any]) -> None:
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode, torch.no_grad():
-        state = {name: mode.from_tensor(t) for name, t in (*model.named_parameters(), *model.named_buffers())}
-        fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-        torch.func.functional_call(model, state, tuple(fake_inputs))
+    flags = [m.training for m in model.modules()]
+    try:
+        model.eval()
+        with FakeTensorMode(allow_non_fake_inputs=False) as mode, torch.no_grad():
+            state = {name: mode.from_tensor(t) for name, t in (*model.named_parameters(), *model.named_buffers())}
+            fake_inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+            torch.func.functional_call(model, state, tuple(fake_inputs))
+    finally:
+        for m, flag in zip(model.modules(), flags):
+            m.training = flag
