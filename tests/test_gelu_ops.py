@@ -45,9 +45,20 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+# float32: ATen's own spread between the CPU capabilities it can pick. Measured with
+# torch 2.14.1 on an AVX-512 CPU, ATEN_CPU_CAPABILITY=default/avx2/avx512, over
+# randn(3, 5, 41, 57) * 4 and 200001 points of [-12, 12] (dense non-contiguous input, so
+# ATen's own kernel runs), as max |a - b| / (1 + |b|), the form rtol=atol=t checks:
+# gelu 3.2e-6 and gelu_backward 5.4e-6 between DEFAULT and AVX2 (AVX2 and AVX512 are
+# bitwise equal), both forms; oneDNN's erf-GELU (contiguous input) against ATen's
+# kernel: 1.1e-6 with oneDNN's AVX-512 JIT, 1e-7 with its AVX2 one.
+F32_SPREAD = 5.4e-6
+
+
 def tol(dtype):
-    """The accuracy contract: 1e-6 in float32, 1e-12 in float64 (relative and absolute)."""
-    t = 1e-6 if dtype == torch.float32 else 1e-12
+    """The accuracy contract: ATen's cross-capability spread in float32, 1e-12 in float64
+    (relative and absolute); NaN where eager has NaN, and inf exactly."""
+    t = F32_SPREAD if dtype == torch.float32 else 1e-12
     return dict(rtol=t, atol=t, equal_nan=True)
 
 
