@@ -142,8 +142,10 @@ def test_gelu_special_values(dtype, approximate):
                                torch.ops.aten.gelu_backward(ref_dy, ref_x, approximate=approximate), **tol(dtype))
 
 
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX2",
-                    reason="bitwise agreement is pinned for the kernels ATen runs on AVX2 CPUs")
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2"),
+                    reason="bitwise agreement holds where fxfuse has the build ATen runs (baseline, AVX2); "
+                           "ATen's AVX512 kernels split vector and scalar work differently, which "
+                           "test_gelu_matches_eager holds to ATen's cross-capability spread")
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "no_onednn"])
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("dtype", DTYPES)
