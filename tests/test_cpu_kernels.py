@@ -388,6 +388,27 @@ def test_gelu_overflow_as_eager(lay, dtype):
         close(out, eager, tol(dtype) * 10, equal_nan=True)
 
 
+@pytest.mark.parametrize("act,p", ACTS, ids=ACT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("lay", LAYOUTS)
+def test_nan_inf_backward_as_eager(lay, dtype, act, p):
+    """NaN and +-inf in x and dy give grad_input NaN / inf exactly where eager's autograd
+    (batch_norm with running statistics, then the activation) has them."""
+    x = make_input((2, 3, 3, 5), dtype, "contiguous").clone()
+    dy = make_input((2, 3, 3, 5), dtype, "contiguous", seed=4).clone()
+    for i, v in enumerate([float("inf"), -float("inf"), float("nan"), 1e30, -1e30]):
+        x.view(-1)[11 * i] = v
+        dy.view(-1)[11 * i + 5] = v
+    x, dy = layout(x, lay), layout(dy, lay)
+    w, b, mean, var = make_params(3, dtype)
+    xe = x.clone().requires_grad_()
+    eager_act(F.batch_norm(xe, mean, var, w, b, False, 0.0, EPS), act, p).backward(dy)
+    got = ops.bn_act_backward(dy, x, mean, var, w, b, EPS, act, p, False, [True, False, False])[0]
+    want = xe.grad
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got[got.isinf()], want[want.isinf()])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 @pytest.mark.parametrize("lay", LAYOUTS)
 def test_nan_inf_stats(lay, dtype):
