@@ -8,7 +8,7 @@ BUILT  := $(VENV)/.fxfuse-built
 CSRC   := $(shell find fxfuse/csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu')
 PYTEST_ARGS ?=
 
-.PHONY: all setup build test zoo zoo-coverage demo bench cuda-check cuda-build clean
+.PHONY: all setup build test zoo zoo-coverage lint demo bench install-check cuda-check cuda-build clean
 
 all: test
 
@@ -40,11 +40,21 @@ zoo: $(BUILT)
 zoo-coverage: $(BUILT)
 	$(PY) benchmarks/zoo_coverage.py
 
+# ruff (configured in pyproject.toml): lint rules and the formatter's style.
+lint: $(DEPS)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
 demo: $(BUILT)
 	$(PY) examples/resnet_demo.py
 
 bench: $(BUILT)
 	$(PY) benchmarks/bench_resnet50.py
+
+# A user's install: fresh venv, torch first, `pip wheel --no-build-isolation .`, the wheel's
+# fxfuse/_C*.so imported and the demo run outside the checkout (slow: one more C++ build).
+install-check:
+	tools/check_install.sh
 
 # Compile-only check of the CUDA kernels (csrc/cuda/*.cu), run by `make test` so that they
 # cannot rot: nvcc -c with torch's CUDAExtension flags for one architecture, into

@@ -21,14 +21,26 @@ def loaded() -> bool:
     return _C is not None
 
 
+def built_against() -> str | None:
+    """The torch version fxfuse._C was compiled against (recorded by setup.py), if known."""
+    try:
+        from ._build_info import TORCH_VERSION
+    except ImportError:
+        return None
+    return TORCH_VERSION
+
+
 def require() -> None:
     """Raise a clear error if the C++ extension is not available."""
     if _C is None:
+        built = built_against()
+        mismatch = (f" It was built against torch {built}, but this process runs torch {torch.__version__}."
+                    if built and built != torch.__version__ else "")
         raise ExtensionNotLoadedError(
             "fxfuse's C++ extension (fxfuse._C) failed to load: "
-            f"{type(_load_error).__name__}: {_load_error}. "
-            "Rebuild it with `pip install --no-build-isolation -e .` (or `make build`) "
-            "using the same torch you run with."
+            f"{type(_load_error).__name__}: {_load_error}.{mismatch} "
+            "Rebuild it against the torch you run with: `pip install --no-build-isolation .` "
+            "(`-e .` for a checkout, or `make build`)."
         ) from _load_error
 
 

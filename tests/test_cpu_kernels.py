@@ -476,7 +476,7 @@ def test_inplace_forms_validate_like_out_of_place():
         ops.bn_act_(x, mean[:2], var, w, b, EPS, "relu", 0.0)
     with pytest.raises(RuntimeError, match="var to have 3 elements"):
         ops.bn_act_backward_(x, x.clone(), mean, var[:1], w, b, EPS, "relu", 0.0, True, [True] * 2)
-    with pytest.raises(RuntimeError, match="unknown activation"):
+    with pytest.raises(ValueError, match="unknown activation"):
         ops.bn_act_(x, mean, var, w, b, EPS, "tanh", 0.0)
 
 
@@ -523,7 +523,7 @@ def test_input_validation():
         ops.bn_act(x, mean, var, torch.ones(4), b, EPS, "relu", 0.0)
     with pytest.raises(RuntimeError, match="bias to have 3 elements"):
         ops.bn_act(x, mean, var, w, torch.ones(2), EPS, "relu", 0.0)
-    with pytest.raises(RuntimeError, match="unknown activation"):
+    with pytest.raises(ValueError, match="unknown activation"):
         ops.bn_act(x, mean, var, w, b, EPS, "tanh", 0.0)
 
 

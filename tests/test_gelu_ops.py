@@ -530,7 +530,7 @@ def test_unknown_activation():
     x, w = torch.randn(3, 5), torch.randn(4, 5)
     with pytest.raises(ValueError, match="unknown activation"):
         layer_activation.linear_act(x, w, None, "swish")
-    with pytest.raises(RuntimeError, match="unknown activation"):
+    with pytest.raises(ValueError, match="unknown activation"):
         ops.linear_act(x, w, None, "swish", 0.0)
-    with pytest.raises(RuntimeError, match="unknown activation"):
+    with pytest.raises(ValueError, match="unknown activation"):
         ops.conv_act(torch.randn(1, 5, 4, 4), w[:, :, None, None], None, [1, 1], [0, 0], [1, 1], 1, "swish", 0.0)

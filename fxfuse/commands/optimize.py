@@ -7,6 +7,7 @@ import json
 import torch
 
 from ..fusion import MODES, explain
+from ..fusion.layout import MEMORY_FORMATS
 from ._common import add_model_arguments, load_model
 
 
@@ -22,6 +23,9 @@ def register(subparsers) -> None:
     parser.add_argument("--budget", type=float, default=None, metavar="B",
                         help="memory budget: keep saved activations at or under B x eager's (e.g. 0.7) "
                              "with the least recompute")
+    parser.add_argument("--memory-format", choices=MEMORY_FORMATS, default="preserve",
+                        help="channels_last: run the model in channels_last; auto: only where the audit finds "
+                             "no format loss and it measures faster; preserve: leave layouts alone (default)")
     parser.add_argument("--eval", action="store_true", help="analyse the model in eval mode")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
@@ -30,6 +34,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     model.train(not args.eval)
-    report = explain(model, torch.randn(*args.input_shape), mode=args.mode, memory_budget=args.budget)
+    report = explain(model, torch.randn(*args.input_shape), mode=args.mode, memory_budget=args.budget,
+                     memory_format=args.memory_format)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0

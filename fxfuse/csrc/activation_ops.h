@@ -2,7 +2,7 @@
 // fused ops (bn_act, linear_act, conv_act), and the declarations of the GELU and
 // linear/conv + activation op family.
 //
-// The activation names and the Act enum are those of bn_act.h ("none", "relu",
+// The activation names and the Act enum are those of act.h ("none", "relu",
 // "relu6", "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish"; act_param is
 // leaky_relu's negative_slope and ignored by the others). Each activation is the
 // ATen op that eager PyTorch runs for it (F.relu6 is hardtanh(z, 0, 6), ...), so
@@ -18,6 +18,22 @@
 #include "bn_act.h"
 
 namespace fxfuse {
+
+// Parses the activation name used in the op schemas ("none", "relu", "relu6", "leaky_relu",
+// "gelu", "gelu_tanh", "silu", "hardswish"); an unknown name is a ValueError, as in Python.
+inline Act parse_act(c10::string_view name) {
+  if (name == "none") return Act::None;
+  if (name == "relu") return Act::ReLU;
+  if (name == "relu6") return Act::ReLU6;
+  if (name == "leaky_relu") return Act::LeakyReLU;
+  if (name == "gelu") return Act::GELU;
+  if (name == "gelu_tanh") return Act::GELUTanh;
+  if (name == "silu") return Act::SiLU;
+  if (name == "hardswish") return Act::Hardswish;
+  TORCH_CHECK_VALUE(
+      false, "fxfuse: unknown activation '", name,
+      "'; expected one of none, relu, relu6, leaky_relu, gelu, gelu_tanh, silu, hardswish");
+}
 
 // act(z), out of place.
 inline at::Tensor act_forward(const at::Tensor& z, Act act, double param) {

@@ -19,9 +19,6 @@
 
 namespace fxfuse {
 
-// Parses the activation name used in the op schemas ("none", "relu", "relu6",
-// "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish").
-Act parse_act(c10::string_view name);
 
 // dtype used for statistics of an input of dtype `t`.
 at::ScalarType stats_dtype(at::ScalarType t);

@@ -1,5 +1,7 @@
-// Calls into fxfuse's own ops through the dispatcher, so that composite ops
-// (conv_bn_act, batch_norm_act) pick up the device's best kernel.
+// Calls into fxfuse's own ops through the dispatcher: composite ops (conv_bn_act,
+// batch_norm_act) reach the device's best kernel this way, and the Autocast kernels
+// (autocast/*.cpp) call the op again below the Autocast key. One wrapper per op, each
+// looking its schema up once.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -57,6 +59,47 @@ inline std::tuple<at::Tensor, at::Tensor> bn_act_backward_(
                        .typed<decltype(bn_act_backward_generic_)>();
   return op.call(
       grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, output_mask);
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    bool batch_stats, double eps, c10::string_view act, double act_param) {
+  using Fn = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
+      at::IntArrayRef, at::IntArrayRef, int64_t, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, bool, double, c10::string_view, double);
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::conv_bn_act", "").typed<Fn>();
+  return op.call(
+      input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, running_mean,
+      running_var, batch_stats, eps, act, act_param);
+}
+
+inline at::Tensor conv_act(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    c10::string_view act, double act_param) {
+  using Fn = at::Tensor(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
+      at::IntArrayRef, at::IntArrayRef, int64_t, c10::string_view, double);
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::conv_act", "").typed<Fn>();
+  return op.call(input, weight, bias, stride, padding, dilation, groups, act, act_param);
+}
+
+inline at::Tensor linear_act(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param) {
+  using Fn = at::Tensor(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+      double);
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::linear_act", "").typed<Fn>();
+  return op.call(input, weight, bias, act, act_param);
 }
 
 }  // namespace fxfuse::dispatch

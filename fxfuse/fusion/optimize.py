@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
-from . import policy, shapes, tracing
+from . import layout, policy, shapes, tracing
 from .passes import PassContext, run_passes
 from .report import FusionReport, SkippedSite
 
@@ -37,6 +37,7 @@ class Options:
     mode: str = "memory"  # what the user asked for: "memory", "fast" or "auto"
     allowed: Optional[frozenset] = None  # sites a policy selected (None: all)
     memory_budget: Optional[float] = None
+    channels_last: bool = False  # the forward converts 4-D floating inputs to channels_last (fusion.layout)
 
     @property
     def pass_mode(self) -> str:
@@ -52,7 +53,7 @@ class Options:
             inner = tuple(_unprefix(n, path) for n in names)
             if all(n is not None for n in inner):
                 allowed.add(inner)
-        return Options(self.mode, frozenset(allowed), self.memory_budget)
+        return Options(self.mode, frozenset(allowed), self.memory_budget, self.channels_last)
 
 
 def _unprefix(name: str, path: str) -> Optional[str]:
@@ -79,6 +80,8 @@ def _key(state: _State) -> tuple:
 
 def _fused_forward(self, *args, **kwargs):
     state: _State = self.__dict__[_STATE]
+    if state.options.channels_last:
+        args = layout.to_channels_last(args)
     fn = state.graphs.get(_key(state))
     if fn is None:
         fn = _build(self, state, example_inputs=None)
@@ -251,9 +254,12 @@ def _normalize_inputs(example_inputs) -> Optional[tuple]:
         f"example_inputs must be a tensor or a tuple of forward() arguments, got {type(example_inputs).__name__}")
 
 
-def _check(model, mode: str, memory_budget, example_inputs) -> None:
+def _check(model, mode: str, memory_budget, example_inputs, memory_format: str = "preserve") -> None:
     if not isinstance(model, nn.Module):
         raise ConfigurationError(f"fxfuse.optimize expects an nn.Module, got {type(model).__name__}")
+    if memory_format not in layout.MEMORY_FORMATS:
+        raise ConfigurationError(f"memory_format must be one of {', '.join(map(repr, layout.MEMORY_FORMATS))}, "
+                                 f"got {memory_format!r}")
     if mode not in MODES:
         raise ConfigurationError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     if memory_budget is not None:
@@ -307,17 +313,25 @@ def _decide(model: nn.Module, inputs, mode: str, memory_budget) -> tuple[Options
     return Options(mode, decision.allowed, memory_budget), decision
 
 
-def _optimized(model: nn.Module, example_inputs, mode: str, memory_budget, install: bool) -> FusionReport:
+def _optimized(model: nn.Module, example_inputs, mode: str, memory_budget, memory_format: str,
+               install: bool) -> FusionReport:
     inputs = _normalize_inputs(example_inputs)
+    chosen = layout.decide(model, inputs, memory_format)
+    if chosen.channels_last and inputs is not None:
+        inputs = layout.to_channels_last(inputs)
     options, decision = _decide(model, inputs, mode, memory_budget)
+    options = dataclasses.replace(options, channels_last=chosen.channels_last)
     report = _run(model, inputs, options, install)
+    if install and chosen.channels_last:
+        model.to(memory_format=torch.channels_last)
+    report.layout = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
     if decision is not None:
         policy.annotate(report, decision)
     return report
 
 
 def optimize(model: nn.Module, example_inputs=None, *, mode: str = "memory",
-             memory_budget: Optional[float] = None) -> nn.Module:
+             memory_budget: Optional[float] = None, memory_format: str = "preserve") -> nn.Module:
     """Rewrite `model` in place so that its Conv→BN(→act), BN→act and Linear/Conv→act patterns run as fused ops.
 
     Returns `model` itself (now an instance of a generated subclass of its class) with
@@ -331,21 +345,27 @@ def optimize(model: nn.Module, example_inputs=None, *, mode: str = "memory",
 
     memory_budget=0.7 (needs example_inputs) keeps saved activations at or under 0.7×
     eager's with the least recompute; the report says whether the budget was met.
+
+    memory_format="channels_last" converts the model's 4-D parameters to channels_last
+    and makes its forward convert 4-D inputs (values are unchanged); "auto" does so
+    only where fxfuse.audit_channels_last finds no format loss and it measures faster
+    (needs example_inputs); "preserve" (default) leaves layouts alone. The report's
+    `layout` says what was chosen and why.
     """
-    _check(model, mode, memory_budget, example_inputs)
+    _check(model, mode, memory_budget, example_inputs, memory_format)
     if any(is_optimized(m) for m in model.modules()):
         _uninstall(model)
-    report = _optimized(model, example_inputs, mode, memory_budget, install=True)
+    report = _optimized(model, example_inputs, mode, memory_budget, memory_format, install=True)
     model.fxfuse_report = report
     return model
 
 
 def explain(model: nn.Module, example_inputs=None, *, mode: str = "memory",
-            memory_budget: Optional[float] = None) -> FusionReport:
+            memory_budget: Optional[float] = None, memory_format: str = "preserve") -> FusionReport:
     """What `optimize` would fuse and skip (and why), without changing `model`."""
-    _check(model, mode, memory_budget, example_inputs)
+    _check(model, mode, memory_budget, example_inputs, memory_format)
     target = model
     if any(is_optimized(m) for m in model.modules()):
         target = copy.deepcopy(model)
         _uninstall(target)
-    return _optimized(target, example_inputs, mode, memory_budget, install=False)
+    return _optimized(target, example_inputs, mode, memory_budget, memory_format, install=False)

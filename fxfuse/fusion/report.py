@@ -64,6 +64,7 @@ class FusionReport:
     eager_saved_bytes: Optional[int] = None
     selected_saved_bytes: Optional[int] = None
     budget_met: Optional[bool] = None
+    layout: str = ""  # the memory format the optimized model runs in, and why (fusion.layout)
 
     @property
     def saved_bytes(self) -> Optional[int]:
@@ -75,7 +76,7 @@ class FusionReport:
                 "skipped": [asdict(s) for s in self.skipped], "notes": list(self.notes),
                 "saved_bytes": self.saved_bytes, "budget": self.budget,
                 "eager_saved_bytes": self.eager_saved_bytes, "selected_saved_bytes": self.selected_saved_bytes,
-                "budget_met": self.budget_met}
+                "budget_met": self.budget_met, "layout": self.layout}
 
     def __str__(self) -> str:
         lines = [f"fxfuse fusion report (mode={self.mode}): {len(self.fused)} fused, {len(self.skipped)} skipped"]
@@ -89,6 +90,8 @@ class FusionReport:
             rows = [(s.name, s.pattern, s.reason) for s in self.skipped]
             lines.append(tabulate(rows, headers=["skipped", "pattern", "reason"]))
         lines.extend(f"note: {note}" for note in self.notes)
+        if self.layout:
+            lines.append(f"layout: {self.layout}")
         return "\n".join(lines)
 
     __repr__ = __str__

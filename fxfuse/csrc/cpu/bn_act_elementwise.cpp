@@ -9,7 +9,8 @@
 
 #include "../bn_act.h"
 #include "../bn_act_elementwise.h"
-#include "../bn_act_plan.h"
+#include "../activation_ops.h"
+#include "../bn_act_host_setup.h"
 
 namespace fxfuse {
 
@@ -30,7 +31,7 @@ at::Tensor bn_act_elementwise_host(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     double eps, c10::string_view act, double act_param) {
-  ew::check_args(input, mean, var, weight, bias, "bn_act_elementwise_host");
+  checks::bn_args(input, mean, var, weight, bias, "bn_act_elementwise_host");
   const Act a = parse_act(act);
   const ew::Layout L = host_layout(input, "bn_act_elementwise_host");
   const auto cf = ew::coefficients(input, mean, var, weight, bias, eps);
@@ -55,7 +56,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_elementwise_host(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 3> output_mask) {
-  ew::check_args(input, mean, var, weight, bias, "bn_act_backward_elementwise_host");
+  checks::bn_args(input, mean, var, weight, bias, "bn_act_backward_elementwise_host");
   const Act a = parse_act(act);
   const ew::Layout L = host_layout(input, "bn_act_backward_elementwise_host");
   const auto cf = ew::coefficients(input, mean, var, weight, bias, eps);

@@ -30,66 +30,22 @@
 #include <utility>
 #include <vector>
 
+#include "../activation_ops.h"
 #include "../bn_act.h"
+#include "../checks.h"
 #include "bn_act_kernel.h"
 #include "bn_act_kernel_impl.h"
 
 namespace fxfuse {
 namespace {
 
-void check_input(const at::Tensor& input, const char* op) {
-  TORCH_CHECK(
-      input.dim() == 4, "fxfuse::", op, ": expected a 4-D (N, C, H, W) input, got ",
-      input.dim(), "-D");
-  TORCH_CHECK(
-      at::isFloatingType(input.scalar_type()), "fxfuse::", op,
-      ": expected a floating-point input, got ", input.scalar_type());
-}
-
-void check_channel_vector(const at::Tensor& t, int64_t C, const char* op, const char* name) {
-  TORCH_CHECK(t.defined(), "fxfuse::", op, ": ", name, " must be defined");
-  TORCH_CHECK(
-      t.device().is_cpu(), "fxfuse::", op, ": expected ", name, " on the CPU, got ",
-      t.device());
-  TORCH_CHECK(
-      t.numel() == C, "fxfuse::", op, ": expected ", name, " to have ", C,
-      " elements (one per channel of the input), got shape ", t.sizes());
-}
-
 bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
-void check_stats_args(
-    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    const char* op) {
-  const int64_t C = input.size(1);
-  check_channel_vector(mean, C, op, "mean");
-  check_channel_vector(var, C, op, "var");
-  if (has(weight)) check_channel_vector(*weight, C, op, "weight");
-  if (has(bias)) check_channel_vector(*bias, C, op, "bias");
-}
-
-// Whether to run the AVX2 build of the kernels: the CPU must have AVX2 and FMA,
-// and ATen's own CPU capability must be AVX2 or better (ATEN_CPU_CAPABILITY=default
-// lowers it, which also selects the baseline build here).
-bool use_avx2_kernels() {
-#if FXFUSE_HAVE_AVX2_KERNELS
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
-    const std::string aten = at::get_cpu_capability();  // "NO AVX", "AVX2", "AVX512", ...
-    return aten == "AVX2" || aten == "AVX512";
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
 
 template <typename T>
 const cpu::KernelTable<T>& kernel_table() {
 #if FXFUSE_HAVE_AVX2_KERNELS
-  if (use_avx2_kernels()) return cpu::AVX2::kernels<T>();
+  if (cpu::use_avx2_kernels()) return cpu::AVX2::kernels<T>();
 #endif
   return cpu::DEFAULT::kernels<T>();
 }
@@ -155,7 +111,7 @@ ChannelParams<T> channel_params(
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> bn_stats_cpu(const at::Tensor& input) {
-  check_input(input, "bn_stats");
+  checks::bn_input(input, "bn_stats");
   const auto geo = geometry(input);
   if (!fast_dtype(input.scalar_type()) || !geo || input.numel() == 0) {
     return bn_stats_generic(input);
@@ -263,9 +219,8 @@ at::Tensor bn_act_cpu(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     double eps, c10::string_view act, double act_param) {
-  check_input(input, "bn_act");
+  checks::bn_args(input, mean, var, weight, bias, "bn_act");
   const Act a = parse_act(act);
-  check_stats_args(input, mean, var, weight, bias, "bn_act");
   const auto geo = geometry(input);
   if (!fast_dtype(input.scalar_type()) || !geo) {
     return bn_act_generic(input, mean, var, weight, bias, eps, act, act_param);
@@ -279,9 +234,8 @@ void bn_act_cpu_(
     const at::Tensor& self, const at::Tensor& mean, const at::Tensor& var,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     double eps, c10::string_view act, double act_param) {
-  check_input(self, "bn_act_");
+  checks::bn_args(self, mean, var, weight, bias, "bn_act_");
   const Act a = parse_act(act);
-  check_stats_args(self, mean, var, weight, bias, "bn_act_");
   const auto geo = geometry(self);
   if (!fast_dtype(self.scalar_type()) || !geo) {
     bn_act_generic_(self, mean, var, weight, bias, eps, act, act_param);
@@ -295,9 +249,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_cpu(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 3> output_mask) {
-  check_input(input, "bn_act_backward");
+  checks::bn_args(input, mean, var, weight, bias, "bn_act_backward");
   const Act a = parse_act(act);
-  check_stats_args(input, mean, var, weight, bias, "bn_act_backward");
   if (!backward_fast(grad_out, input)) {
     return bn_act_backward_generic(
         grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
@@ -315,9 +268,8 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_cpu_(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 2> output_mask) {
-  check_input(input, "bn_act_backward_");
+  checks::bn_args(input, mean, var, weight, bias, "bn_act_backward_");
   const Act a = parse_act(act);
-  check_stats_args(input, mean, var, weight, bias, "bn_act_backward_");
   if (!backward_fast(grad_out, input)) {
     return bn_act_backward_generic_(
         grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,

@@ -4,8 +4,7 @@
 //   DEFAULT  bn_act_kernel.cpp       baseline ISA, generic at::vec::Vectorized
 //   AVX2     bn_act_kernel_avx2.cpp  #pragma GCC target("avx2,fma") and
 //                                    CPU_CAPABILITY_AVX2 (x86-64 GCC/Clang only)
-// The entry points pick a table at run time from the CPU's feature bits and
-// at::get_cpu_capability() (which honours ATEN_CPU_CAPABILITY=default).
+// The entry points pick a table at run time (cpu::use_avx2_kernels, capability.h).
 //
 // Declarations only: this header must stay free of inline code, because the
 // AVX2 translation unit includes it before switching the target ISA.
@@ -14,13 +13,7 @@
 #include <cstdint>
 
 #include "../bn_act.h"
-
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(FXFUSE_NO_AVX2_KERNELS)
-#define FXFUSE_HAVE_AVX2_KERNELS 1
-#else
-#define FXFUSE_HAVE_AVX2_KERNELS 0
-#endif
+#include "capability.h"
 
 namespace fxfuse::cpu {
 

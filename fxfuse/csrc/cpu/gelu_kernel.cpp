@@ -37,27 +37,11 @@
 namespace fxfuse {
 namespace {
 
-// Whether to run the AVX2 build: the CPU must have AVX2 and FMA, and ATen's own
-// CPU capability must be AVX2 or better (ATEN_CPU_CAPABILITY=default lowers it,
-// which selects the baseline build here too, as in bn_act_kernel.cpp).
-bool use_avx2_kernels() {
-#if FXFUSE_HAVE_AVX2_KERNELS
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
-    const std::string aten = at::get_cpu_capability();  // "NO AVX", "AVX2", "AVX512", ...
-    return aten == "AVX2" || aten == "AVX512";
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
 
 template <typename T>
 const cpu::GeluKernelTable<T>& kernel_table() {
 #if FXFUSE_HAVE_AVX2_KERNELS
-  if (use_avx2_kernels()) return cpu::AVX2::gelu_kernels<T>();
+  if (cpu::use_avx2_kernels()) return cpu::AVX2::gelu_kernels<T>();
 #endif
   return cpu::DEFAULT::gelu_kernels<T>();
 }

@@ -1,7 +1,6 @@
 // Raw-pointer interface between the CPU gelu / gelu_backward entry points
 // (gelu_kernel.cpp) and the vectorized kernel bodies (gelu_kernel_impl.h), which
-// are compiled once per CPU capability, like the bn_act kernels (see
-// bn_act_kernel.h, whose FXFUSE_HAVE_AVX2_KERNELS this header reuses):
+// are compiled once per CPU capability, like the bn_act kernels (capability.h):
 //   DEFAULT  gelu_kernel.cpp       baseline ISA, generic at::vec::Vectorized
 //   AVX2     gelu_kernel_avx2.cpp  #pragma GCC target("avx2,fma") and CPU_CAPABILITY_AVX2
 //
@@ -14,7 +13,7 @@
 
 #include <cstdint>
 
-#include "bn_act_kernel.h"
+#include "capability.h"
 
 namespace fxfuse::cpu {
 

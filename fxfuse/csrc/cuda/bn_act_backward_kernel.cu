@@ -16,7 +16,8 @@
 
 #include "../bn_act.h"
 #include "../bn_act_elementwise.h"
-#include "../bn_act_plan.h"
+#include "../activation_ops.h"
+#include "../bn_act_host_setup.h"
 #include "launch.cuh"
 
 namespace fxfuse {
@@ -69,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_cuda(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 3> output_mask) {
-  ew::check_args(input, mean, var, weight, bias, "bn_act_backward");
+  checks::bn_args(input, mean, var, weight, bias, "bn_act_backward");
   const Act a = parse_act(act);
   const auto layout = ew::layout_of(input);
   if (!layout || input.numel() == 0 || !grad_out.defined() ||

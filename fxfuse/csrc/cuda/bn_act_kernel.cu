@@ -13,7 +13,8 @@
 
 #include "../bn_act.h"
 #include "../bn_act_elementwise.h"
-#include "../bn_act_plan.h"
+#include "../activation_ops.h"
+#include "../bn_act_host_setup.h"
 #include "launch.cuh"
 
 namespace fxfuse {
@@ -38,7 +39,7 @@ at::Tensor bn_act_cuda(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     double eps, c10::string_view act, double act_param) {
-  ew::check_args(input, mean, var, weight, bias, "bn_act");
+  checks::bn_args(input, mean, var, weight, bias, "bn_act");
   const Act a = parse_act(act);
   const auto layout = ew::layout_of(input);
   if (!layout || input.numel() == 0) {

@@ -5,23 +5,10 @@
 
 #include "../activation_ops.h"
 #include "../bn_act.h"
+#include "../checks.h"
 #include "../dispatch.h"
 
 namespace fxfuse {
-
-Act parse_act(c10::string_view name) {
-  if (name == "none") return Act::None;
-  if (name == "relu") return Act::ReLU;
-  if (name == "relu6") return Act::ReLU6;
-  if (name == "leaky_relu") return Act::LeakyReLU;
-  if (name == "gelu") return Act::GELU;
-  if (name == "gelu_tanh") return Act::GELUTanh;
-  if (name == "silu") return Act::SiLU;
-  if (name == "hardswish") return Act::Hardswish;
-  TORCH_CHECK(
-      false, "fxfuse: unknown activation '", name,
-      "'; expected one of none, relu, relu6, leaky_relu, gelu, gelu_tanh, silu, hardswish");
-}
 
 at::ScalarType stats_dtype(at::ScalarType t) {
   return at::isReducedFloatingType(t) ? at::kFloat : t;
@@ -32,15 +19,6 @@ at::MemoryFormat suggested_format(const at::Tensor& t) {
 }
 
 namespace {
-
-void check_bn_input(const at::Tensor& input, const char* op) {
-  TORCH_CHECK(
-      input.dim() == 4, "fxfuse::", op, ": expected a 4-D (N, C, H, W) input, got ",
-      input.dim(), "-D");
-  TORCH_CHECK(
-      at::isFloatingType(input.scalar_type()), "fxfuse::", op,
-      ": expected a floating-point input, got ", input.scalar_type());
-}
 
 // View a per-channel vector as (1, C, 1, 1) for broadcasting.
 at::Tensor per_channel(const at::Tensor& v) { return v.view({1, -1, 1, 1}); }
@@ -73,7 +51,7 @@ at::Tensor match_layout(const at::Tensor& result, const at::Tensor& like, at::Sc
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> bn_stats_generic(const at::Tensor& input) {
-  check_bn_input(input, "bn_stats");
+  checks::bn_input(input, "bn_stats");
   auto sd = stats_dtype(input.scalar_type());
   auto [var, mean] = at::var_mean(input.to(sd), {0, 2, 3}, /*correction=*/0, /*keepdim=*/false);
   return {mean, var};
@@ -83,7 +61,7 @@ at::Tensor bn_act_generic(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     double eps, c10::string_view act, double act_param) {
-  check_bn_input(input, "bn_act");
+  checks::bn_input(input, "bn_act");
   Act a = parse_act(act);
   auto sd = stats_dtype(input.scalar_type());
   auto [invstd, scale] = inv_scale(var, weight, eps, sd);
@@ -99,7 +77,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_generic(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 3> output_mask) {
-  check_bn_input(input, "bn_act_backward");
+  checks::bn_input(input, "bn_act_backward");
   Act a = parse_act(act);
   auto sd = stats_dtype(input.scalar_type());
   auto [invstd, scale] = inv_scale(var, weight, eps, sd);
@@ -166,7 +144,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act(
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool batch_stats, double eps,
     c10::string_view act, double act_param) {
-  check_bn_input(input, "batch_norm_act");
+  checks::bn_input(input, "batch_norm_act");
   at::Tensor mean, var;
   if (batch_stats) {
     std::tie(mean, var) = dispatch::bn_stats(input);

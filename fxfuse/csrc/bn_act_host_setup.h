@@ -10,6 +10,7 @@
 
 #include "bn_act.h"
 #include "bn_act_elementwise.h"
+#include "checks.h"
 
 namespace fxfuse::elementwise {
 
@@ -44,32 +45,6 @@ inline Coefficients coefficients(
   cf.bias = bias.has_value() && bias->defined() ? bias->to(opts).contiguous()
                                                 : at::zeros({input.size(1)}, opts);
   return cf;
-}
-
-// Checks shared by the elementwise kernels' entry points.
-inline void check_args(
-    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    const char* op) {
-  TORCH_CHECK(
-      input.dim() == 4, "fxfuse::", op, ": expected a 4-D (N, C, H, W) input, got ", input.dim(),
-      "-D");
-  TORCH_CHECK(
-      at::isFloatingType(input.scalar_type()), "fxfuse::", op,
-      ": expected a floating-point input, got ", input.scalar_type());
-  const int64_t C = input.size(1);
-  auto check = [&](const at::Tensor& t, const char* name) {
-    TORCH_CHECK(
-        t.device() == input.device(), "fxfuse::", op, ": expected ", name, " on ",
-        input.device(), ", got ", t.device());
-    TORCH_CHECK(
-        t.numel() == C, "fxfuse::", op, ": expected ", name, " to have ", C,
-        " elements (one per channel of the input), got shape ", t.sizes());
-  };
-  check(mean, "mean");
-  check(var, "var");
-  if (weight.has_value() && weight->defined()) check(*weight, "weight");
-  if (bias.has_value() && bias->defined()) check(*bias, "bias");
 }
 
 }  // namespace fxfuse::elementwise

@@ -1,0 +1,66 @@
+// Autocast kernels of the fused ops that contain a convolution or a linear layer (the pattern
+// of torchvision's csrc/ops/autocast/*). Under torch.autocast they cast what eager autocast
+// casts for that layer (input, weight, bias: conv2d and linear are on autocast's
+// lower-precision list) and leave BatchNorm's parameters and running statistics alone
+// (batch_norm is on no autocast list: eager runs it on the low-precision conv output with
+// float32 parameters, computing statistics in float32). Then they call the op again with the
+// Autocast key excluded, which reaches its autograd formula, so the tensor kept for backward
+// is the low-precision input.
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include "../dispatch.h"
+
+namespace fxfuse {
+namespace {
+
+template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_bn_act_autocast(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    bool batch_stats, double eps, c10::string_view act, double act_param) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  const auto dt = at::autocast::get_autocast_dtype(device_type);
+  auto cast = [dt](const auto& t) { return at::autocast::cached_cast(dt, t, device_type); };
+  return dispatch::conv_bn_act(
+      cast(input), cast(weight), cast(bias), stride, padding, dilation, groups, bn_weight, bn_bias,
+      running_mean, running_var, batch_stats, eps, act, act_param);
+}
+
+template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
+at::Tensor conv_act_autocast(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    c10::string_view act, double act_param) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  const auto dt = at::autocast::get_autocast_dtype(device_type);
+  auto cast = [dt](const auto& t) { return at::autocast::cached_cast(dt, t, device_type); };
+  return dispatch::conv_act(
+      cast(input), cast(weight), cast(bias), stride, padding, dilation, groups, act, act_param);
+}
+
+template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
+at::Tensor linear_act_autocast(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  const auto dt = at::autocast::get_autocast_dtype(device_type);
+  auto cast = [dt](const auto& t) { return at::autocast::cached_cast(dt, t, device_type); };
+  return dispatch::linear_act(cast(input), cast(weight), cast(bias), act, act_param);
+}
+
+}  // namespace
+
+#define FXFUSE_REGISTER_AUTOCAST(KEY, DEVICE)                                                   \
+  TORCH_LIBRARY_IMPL(fxfuse, KEY, m) {                                                          \
+    m.impl("conv_bn_act", TORCH_FN((conv_bn_act_autocast<c10::DispatchKey::KEY, DEVICE>)));    \
+    m.impl("conv_act", TORCH_FN((conv_act_autocast<c10::DispatchKey::KEY, DEVICE>)));          \
+    m.impl("linear_act", TORCH_FN((linear_act_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
+  }
+
+FXFUSE_REGISTER_AUTOCAST(AutocastCPU, c10::DeviceType::CPU)
+FXFUSE_REGISTER_AUTOCAST(AutocastCUDA, c10::DeviceType::CUDA)
+
+}  // namespace fxfuse

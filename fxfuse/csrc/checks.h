@@ -1,0 +1,44 @@
+// The input checks every implementation of the batch-norm + activation ops makes (generic,
+// CPU, elementwise/CUDA), with one wording: the message names the op and what was expected.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace fxfuse::checks {
+
+// A 4-D (N, C, H, W) floating-point input.
+inline void bn_input(const at::Tensor& input, const char* op) {
+  TORCH_CHECK(
+      input.dim() == 4, "fxfuse::", op, ": expected a 4-D (N, C, H, W) input, got ", input.dim(),
+      "-D");
+  TORCH_CHECK(
+      at::isFloatingType(input.scalar_type()), "fxfuse::", op,
+      ": expected a floating-point input, got ", input.scalar_type());
+}
+
+// bn_input, and per-channel vectors (mean, var, and weight and bias when given) on the
+// input's device with one element per channel.
+inline void bn_args(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const char* op) {
+  bn_input(input, op);
+  const int64_t C = input.size(1);
+  auto check = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.defined(), "fxfuse::", op, ": ", name, " must be defined");
+    TORCH_CHECK(
+        t.device() == input.device(), "fxfuse::", op, ": expected ", name, " on ",
+        input.device(), ", got ", t.device());
+    TORCH_CHECK(
+        t.numel() == C, "fxfuse::", op, ": expected ", name, " to have ", C,
+        " elements (one per channel of the input), got shape ", t.sizes());
+  };
+  check(mean, "mean");
+  check(var, "var");
+  if (weight.has_value() && weight->defined()) check(*weight, "weight");
+  if (bias.has_value() && bias->defined()) check(*bias, "bias");
+}
+
+}  // namespace fxfuse::checks

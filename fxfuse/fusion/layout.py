@@ -1,0 +1,98 @@
+"""Which memory format an optimized model runs in: `optimize(..., memory_format=...)`.
+
+"preserve" leaves every layout as it is. "channels_last" converts the model's 4-D
+parameters and buffers to channels_last and has the optimized forward convert its 4-D
+floating inputs. "auto" does the same only where it is known to pay: the model has a
+Conv2d, `fxfuse.audit_channels_last` (on fake tensors) finds no op that loses the
+format, and one forward+backward of the eager model at batch 1 of the example inputs
+measures faster in channels_last than in the current layout on this device and dtype.
+The report says what was chosen and why.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import nn
+
+MEMORY_FORMATS = ("preserve", "channels_last", "auto")
+_TIMING_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class LayoutDecision:
+    channels_last: bool
+    reason: str
+
+
+def to_channels_last(args: Sequence[Any]) -> tuple:
+    """`args` with every 4-D floating tensor in channels_last."""
+    return tuple(a.contiguous(memory_format=torch.channels_last)
+                 if isinstance(a, torch.Tensor) and a.dim() == 4 and a.is_floating_point() else a for a in args)
+
+
+def is_channels_last(model: nn.Module) -> bool:
+    weights = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
+    return bool(weights) and all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+                                 for w in weights)
+
+
+def decide(model: nn.Module, inputs: Optional[tuple], memory_format: str) -> LayoutDecision:
+    if memory_format == "preserve":
+        return LayoutDecision(False, "memory_format='preserve'")
+    if memory_format == "channels_last":
+        return LayoutDecision(True, "memory_format='channels_last'")
+    if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        return LayoutDecision(False, "auto: no Conv2d, nothing for channels_last to speed up")
+    if is_channels_last(model):
+        return LayoutDecision(True, "auto: the model is channels_last already")
+    four_d = [x for x in inputs or () if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()]
+    if not four_d:
+        return LayoutDecision(False, "auto: needs a 4-D example input to check and time channels_last")
+    from ..audit import audit_channels_last
+
+    report = audit_channels_last(model, *inputs, fake=True)
+    if report.findings:
+        first = report.findings[0]
+        where = f"{first.op} in {first.module}" if first.module else first.op
+        return LayoutDecision(False, f"auto: channels_last would be lost at {where} "
+                                     f"({len(report.findings)} op sites; see fxfuse.audit_channels_last)")
+    nchw, cl = _step_seconds(model, inputs)
+    if cl >= nchw:
+        return LayoutDecision(False, f"auto: channels_last measured no faster here ({cl / nchw:.2f}x the current "
+                                     f"layout's forward+backward at batch 1)")
+    return LayoutDecision(True, f"auto: no format loss, and {cl / nchw:.2f}x the current layout's "
+                                f"forward+backward time at batch 1")
+
+
+def _step_seconds(model: nn.Module, inputs: tuple) -> tuple[float, float]:
+    """Median forward+backward seconds of a copy of `model` at batch 1: (current layout, channels_last)."""
+    batch1 = tuple(x[:1] if isinstance(x, torch.Tensor) and x.dim() >= 1 else x for x in inputs)
+    current = copy.deepcopy(model)
+    converted = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    runs = {"current": (current, batch1), "channels_last": (converted, to_channels_last(batch1))}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for repeat in range(_TIMING_REPEATS + 1):
+        for name, (m, x) in runs.items():
+            start = time.perf_counter()
+            out = m(*x)
+            loss = sum(t.float().sum() for t in _tensors(out) if t.requires_grad)
+            if isinstance(loss, torch.Tensor):
+                loss.backward()
+            if repeat:  # the first round warms up
+                times[name].append(time.perf_counter() - start)
+    median = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+    return median["current"], median["channels_last"]
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return []

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs fxfuse as a user with their own torch would, into a fresh venv, and checks it:
+# the wheel carries fxfuse/_C*.so, the installed package imports it, and the demo runs
+# from outside the checkout. Prints the wall time of the wheel build (the C++ compile).
+# Usage: tools/check_install.sh [WORKDIR]   (make install-check)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=${1:-$(mktemp -d)}
+python3 -m venv "$work/venv"
+py=$work/venv/bin/python
+# torch first: the extension must be compiled against the torch that will run it.
+"$py" -m pip install --quiet torch==2.14.1 torchvision==0.29.1 setuptools wheel ninja
+start=$(date +%s)
+"$py" -m pip wheel --quiet --no-build-isolation --no-deps --wheel-dir "$work/dist" "$root"
+echo "wheel build: $(( $(date +%s) - start )) s"
+wheel=$(ls "$work"/dist/fxfuse-*.whl)
+"$py" -m zipfile -l "$wheel" | grep -q "fxfuse/_C.*\.so" || { echo "no fxfuse/_C*.so in $wheel"; exit 1; }
+"$py" -m pip install --quiet "$wheel"
+cd "$work"
+"$py" -c "import fxfuse, fxfuse._C, fxfuse._extension as e; assert e.loaded(); print('fxfuse', fxfuse.__version__, 'from', fxfuse.__file__, 'built against torch', e.built_against())"
+"$py" "$root/examples/resnet_demo.py"
+echo "install check passed"
