@@ -8,7 +8,7 @@ BUILT  := $(VENV)/.fxfuse-built
 CSRC   := $(shell find fxfuse/csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu')
 PYTEST_ARGS ?=
 
-.PHONY: all setup build test lint zoo zoo-coverage demo bench install-check cuda-check cuda-build clean
+.PHONY: all setup build test zoo zoo-coverage lint demo bench install-check cuda-check cuda-build clean
 
 all: test
 
@@ -31,11 +31,6 @@ build: $(BUILT)
 test: $(BUILT) cuda-check
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# ruff (configured in pyproject.toml): lint rules and the formatter's style.
-lint: $(DEPS)
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
-
 # The whole model zoo (tests/timm_zoo.py, tests/dense_zoo.py): `make test` runs only its
 # representative part; -m "" lifts the default `-m 'not zoo'` from pyproject's addopts.
 zoo: $(BUILT)
@@ -44,6 +39,11 @@ zoo: $(BUILT)
 # The README's timm zoo coverage table.
 zoo-coverage: $(BUILT)
 	$(PY) benchmarks/zoo_coverage.py
+
+# ruff (configured in pyproject.toml): lint rules and the formatter's style.
+lint: $(DEPS)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 demo: $(BUILT)
 	$(PY) examples/resnet_demo.py

@@ -10,6 +10,7 @@ bytes of the optimized model relative to eager (fxfuse.measure.saved_activation_
 input), and optimize()'s wall time. Then the slowest optimize(), and the efficientnet_b0
 memory target (batch 8, 224x224).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,9 +69,18 @@ def measure(entry) -> ModelRow:
     optimized = fxfuse.optimize(candidate, (x,), mode="memory")
     seconds = time.perf_counter() - start
     cov = coverage(census.sites, optimized.fxfuse_report)
-    return ModelRow(entry.name, entry.family, f"{x.shape[0]}x{x.shape[2]}²", len(census.bn_layers),
-                    len(census.sites), len(cov.fused), cov.reasons(), _saved_bytes(model, x),
-                    _saved_bytes(optimized, x), seconds)
+    return ModelRow(
+        entry.name,
+        entry.family,
+        f"{x.shape[0]}x{x.shape[2]}²",
+        len(census.bn_layers),
+        len(census.sites),
+        len(cov.fused),
+        cov.reasons(),
+        _saved_bytes(model, x),
+        _saved_bytes(optimized, x),
+        seconds,
+    )
 
 
 def _reasons(rows: list[ModelRow]) -> str:
@@ -95,19 +105,70 @@ def family_table(rows: list[ModelRow]) -> str:
         eager, ours = sum(r.eager_saved_bytes for r in members), sum(r.fxfuse_saved_bytes for r in members)
         inputs = ", ".join(sorted({r.input for r in members}))
         names = ", ".join(r.name for r in members)
-        table.append((family, names, inputs, sum(r.bn_layers for r in members), sites, fused, _coverage(fused, sites),
-                      _reasons(members), f"{ours / eager:.2f}x", f"{max(r.optimize_s for r in members):.1f}"))
-    return tabulate(table, tablefmt="github", headers=[
-        "family", "models", "input", "BN layers", "Conv→BN sites", "fused", "coverage", "not fused (sites: reason)",
-        "saved bytes vs eager", "optimize s (max)"])
+        table.append(
+            (
+                family,
+                names,
+                inputs,
+                sum(r.bn_layers for r in members),
+                sites,
+                fused,
+                _coverage(fused, sites),
+                _reasons(members),
+                f"{ours / eager:.2f}x",
+                f"{max(r.optimize_s for r in members):.1f}",
+            )
+        )
+    return tabulate(
+        table,
+        tablefmt="github",
+        headers=[
+            "family",
+            "models",
+            "input",
+            "BN layers",
+            "Conv→BN sites",
+            "fused",
+            "coverage",
+            "not fused (sites: reason)",
+            "saved bytes vs eager",
+            "optimize s (max)",
+        ],
+    )
 
 
 def model_table(rows: list[ModelRow]) -> str:
-    table = [(r.family, r.name, r.input, r.bn_layers, r.sites, r.fused, _coverage(r.fused, r.sites), _reasons([r]),
-              f"{r.saved_ratio:.2f}x", f"{r.optimize_s:.1f}") for r in rows]
-    return tabulate(table, tablefmt="github", headers=[
-        "family", "model", "input", "BN layers", "Conv→BN sites", "fused", "coverage", "not fused (sites: reason)",
-        "saved bytes vs eager", "optimize s"])
+    table = [
+        (
+            r.family,
+            r.name,
+            r.input,
+            r.bn_layers,
+            r.sites,
+            r.fused,
+            _coverage(r.fused, r.sites),
+            _reasons([r]),
+            f"{r.saved_ratio:.2f}x",
+            f"{r.optimize_s:.1f}",
+        )
+        for r in rows
+    ]
+    return tabulate(
+        table,
+        tablefmt="github",
+        headers=[
+            "family",
+            "model",
+            "input",
+            "BN layers",
+            "Conv→BN sites",
+            "fused",
+            "coverage",
+            "not fused (sites: reason)",
+            "saved bytes vs eager",
+            "optimize s",
+        ],
+    )
 
 
 def memory_target() -> dict:
@@ -116,8 +177,15 @@ def memory_target() -> dict:
     model, x = entry.build().train(), entry.example_input(batch=batch, size=size)
     eager = _saved_bytes(model, x)
     ours = _saved_bytes(fxfuse.optimize(copy.deepcopy(model), (x,), mode="memory"), x)
-    return {"model": name, "batch": batch, "size": size, "eager_saved_bytes": eager, "fxfuse_saved_bytes": ours,
-            "ratio": ours / eager, "target": target}
+    return {
+        "model": name,
+        "batch": batch,
+        "size": size,
+        "eager_saved_bytes": eager,
+        "fxfuse_saved_bytes": ours,
+        "ratio": ours / eager,
+        "target": target,
+    }
 
 
 def main(argv=None) -> int:
@@ -135,12 +203,17 @@ def main(argv=None) -> int:
     rows = []
     for entry in entries:
         rows.append(measure(entry))
-        print(f"  {entry.name}: {rows[-1].fused}/{rows[-1].sites} fused, optimize {rows[-1].optimize_s:.1f}s",
-              file=sys.stderr, flush=True)
+        print(
+            f"  {entry.name}: {rows[-1].fused}/{rows[-1].sites} fused, optimize {rows[-1].optimize_s:.1f}s",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    print("Conv→BN coverage of fxfuse.optimize(mode=\"memory\"), float32, train mode, input batch x resolution "
-          "as listed; saved bytes: saved-for-backward bytes of one forward, fxfuse / eager, per family "
-          "summed over its models.\n")
+    print(
+        'Conv→BN coverage of fxfuse.optimize(mode="memory"), float32, train mode, input batch x resolution '
+        "as listed; saved bytes: saved-for-backward bytes of one forward, fxfuse / eager, per family "
+        "summed over its models.\n"
+    )
     print(model_table(rows) if args.per_model else family_table(rows))
     slowest = max(rows, key=lambda r: r.optimize_s)
     print(f"\nslowest optimize(): {slowest.name} {slowest.optimize_s:.1f}s")
@@ -151,13 +224,21 @@ def main(argv=None) -> int:
     if not args.no_memory_target:
         target = memory_target()
         verdict = "met" if target["ratio"] <= target["target"] else "NOT met"
-        print(f"{target['model']} batch {target['batch']} {target['size']}², mode=\"memory\": saved bytes "
-              f"{target['ratio']:.3f}x eager (target <= {target['target']}x: {verdict})")
+        print(
+            f'{target["model"]} batch {target["batch"]} {target["size"]}², mode="memory": saved bytes '
+            f"{target['ratio']:.3f}x eager (target <= {target['target']}x: {verdict})"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"models": [{**asdict(r), "saved_ratio": r.saved_ratio} for r in rows],
-                       "slowest_optimize": {"model": slowest.name, "seconds": slowest.optimize_s},
-                       "memory_target": target}, f, indent=2)
+            json.dump(
+                {
+                    "models": [{**asdict(r), "saved_ratio": r.saved_ratio} for r in rows],
+                    "slowest_optimize": {"model": slowest.name, "seconds": slowest.optimize_s},
+                    "memory_target": target,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

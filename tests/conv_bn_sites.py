@@ -10,6 +10,7 @@ no site by this definition: there is no Conv→BN pair to fuse there.
 `coverage` then matches every existing site against a FusionReport: fused, skipped (with the
 report's reason), or not seen by the pass at all.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,6 +47,7 @@ def existing_sites(model: nn.Module, inputs: Sequence[Any]) -> Census:
         def hook(module, args, output):
             if isinstance(output, torch.Tensor):
                 produced[id(output)] = (output, path)
+
         return hook
 
     def bn_hook(path):
@@ -55,6 +57,7 @@ def existing_sites(model: nn.Module, inputs: Sequence[Any]) -> Census:
                 seen = produced.get(id(args[0]))
                 if seen is not None and seen[0] is args[0]:
                     sites[Site(seen[1], path)] = None
+
         return hook
 
     handles = []
@@ -114,8 +117,10 @@ def coverage(sites: Sequence[Site], report) -> Coverage:
         if any(f.pattern.startswith(CONV_BN_PATTERN) and _refers_to(f.modules, site) for f in report.fused):
             fused.append(site)
             continue
-        reason = next((s.reason for s in report.skipped
-                       if s.pattern.startswith(CONV_BN_PATTERN) and _refers_to(s.modules, site)), None)
+        reason = next(
+            (s.reason for s in report.skipped if s.pattern.startswith(CONV_BN_PATTERN) and _refers_to(s.modules, site)),
+            None,
+        )
         if reason is None:
             unseen.append(site)
         else:

@@ -2,6 +2,7 @@
 benchmarks/zoo_coverage.py): the segmentation models in train mode, and detection backbones,
 which normalise with FrozenBatchNorm2d (buffers only, never updated: not a BatchNorm2d).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,7 +55,8 @@ def _resnet50_fpn() -> nn.Module:
 
 def _mobilenet_v3_large_fpn() -> nn.Module:
     return randomize_frozen_batch_norm(
-        backbone_utils.mobilenet_backbone(backbone_name="mobilenet_v3_large", weights=None, fpn=True))
+        backbone_utils.mobilenet_backbone(backbone_name="mobilenet_v3_large", weights=None, fpn=True)
+    )
 
 
 SEGMENTATION = [
@@ -64,6 +66,10 @@ SEGMENTATION = [
 
 DETECTION_BACKBONES = [
     DenseModel("resnet50_fpn_backbone", "torchvision detection backbone (FrozenBatchNorm2d)", _resnet50_fpn, batch=1),
-    DenseModel("mobilenet_v3_large_fpn_backbone", "torchvision detection backbone (FrozenBatchNorm2d)",
-               _mobilenet_v3_large_fpn, batch=1),
+    DenseModel(
+        "mobilenet_v3_large_fpn_backbone",
+        "torchvision detection backbone (FrozenBatchNorm2d)",
+        _mobilenet_v3_large_fpn,
+        batch=1,
+    ),
 ]

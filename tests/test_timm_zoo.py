@@ -4,6 +4,7 @@ that exist, and trains exactly like eager in float64 (two SGD steps, then eval).
 The representative part (timm_zoo.FAST) runs in `make test`; the rest is marked `zoo`
 (`make zoo` runs all of it). The models are listed in tests/timm_zoo.py.
 """
+
 from __future__ import annotations
 
 import copy
@@ -51,8 +52,9 @@ def case(request) -> Optimized:
     start = time.perf_counter()
     optimized = fxfuse.optimize(candidate, (x,))
     seconds = time.perf_counter() - start
-    return Optimized(entry, model, x, state_before, optimized, census,
-                     coverage(census.sites, optimized.fxfuse_report), seconds)
+    return Optimized(
+        entry, model, x, state_before, optimized, census, coverage(census.sites, optimized.fxfuse_report), seconds
+    )
 
 
 def test_optimize_leaves_parameters_and_buffers_bit_identical(case):

@@ -5,6 +5,7 @@ untouched, fuses the Conv→BN sites that exist, and trains exactly like eager i
 FrozenBatchNorm2d is not a BatchNorm2d: whatever fxfuse does with it, its buffers must
 come out of training unchanged and every output and gradient must match eager.
 """
+
 from __future__ import annotations
 
 import copy
@@ -64,8 +65,12 @@ def test_detection_backbone_keeps_frozen_batch_norm_exact(entry):
     checks = compare_models(reference, candidate, (x.double(),), steps=2)
     assert all(c.passed for c in checks), failure_summary(checks)
     # Training changed the parameters but no FrozenBatchNorm2d buffer.
-    frozen = {f"{path}.{name}" for path, m in model.named_modules() if isinstance(m, FrozenBatchNorm2d)
-              for name, _ in m.named_buffers()}
+    frozen = {
+        f"{path}.{name}"
+        for path, m in model.named_modules()
+        if isinstance(m, FrozenBatchNorm2d)
+        for name, _ in m.named_buffers()
+    }
     trained = candidate.state_dict()
     frozen_before = {k: v for k, v in before.items() if k in frozen}
     _assert_state_unchanged(frozen_before, {k: trained[k] for k in frozen_before})
