@@ -1,14 +1,14 @@
 """Conv→BN coverage of fxfuse.optimize on the model zoo: the README's "timm zoo coverage" table.
 
-    python benchmarks/zoo_coverage.py [--per-model] [--models a,b] [--json out.json]
+    python benchmarks/zoo_coverage.py [--per-model] [--models a,b] [--json out.json] [--threads 1]
 
 For every model of the test zoo (tests/timm_zoo.py, tests/dense_zoo.py: the same models the
 zoo tests check) at its zoo resolution and batch, float32, train mode, mode="memory":
 BatchNorm2d layers, the Conv2d→BatchNorm2d sites that exist (forward hooks on the eager model,
 tests/conv_bn_sites.py), how many fxfuse fused, why the others were not, the saved-for-backward
 bytes of the optimized model relative to eager (fxfuse.measure.saved_activation_bytes, same
-input), and optimize()'s wall time. Then the slowest optimize(), and the efficientnet_b0
-memory target (batch 8, 224x224).
+input), and optimize()'s wall time (one intra-op thread unless --threads). Then the slowest
+optimize(), and the efficientnet_b0 memory target (batch 8, 224x224).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from conv_bn_sites import coverage, existing_sites  # noqa: E402
-from dense_zoo import SEGMENTATION  # noqa: E402
+from dense_zoo import DETECTION_BACKBONES, SEGMENTATION  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 from timm_zoo import BY_NAME, ZOO  # noqa: E402
 
@@ -194,9 +194,16 @@ def main(argv=None) -> int:
     parser.add_argument("--models", help="comma-separated subset of the zoo")
     parser.add_argument("--json", help="also write every model's row here")
     parser.add_argument("--no-memory-target", action="store_true", help="skip the efficientnet_b0 224² measurement")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads (default 1: optimize() times stay comparable on shared cores)",
+    )
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
-    entries = [*ZOO, *SEGMENTATION]
+    entries = [*ZOO, *SEGMENTATION, *DETECTION_BACKBONES]
     if args.models:
         wanted = set(args.models.split(","))
         entries = [e for e in entries if e.name in wanted]

@@ -21,6 +21,7 @@ import fxfuse
 from fxfuse.testing import assert_equivalent
 
 MIN_COVERAGE = 0.95
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @dataclass

@@ -20,6 +20,7 @@ import fxfuse
 from fxfuse.testing import assert_equivalent, compare_models, copy_model, failure_summary
 
 MIN_COVERAGE = 0.95
+pytestmark = pytest.mark.usefixtures("single_thread")
 SLOW = {"fcn_resnet50", "deeplabv3_mobilenet_v3_large", "resnet50_fpn_backbone"}  # run by `make zoo`
 
 
