@@ -331,16 +331,19 @@ def torchvision_model(name: str) -> nn.Module:
     return torchvision.models.get_model(name, weights=None, **({"num_classes": 10} if name == "resnet18" else {}))
 
 
-def small_batch() -> torch.Tensor:
-    return torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+def small_batch(batch: int = 4) -> torch.Tensor:
+    return torch.randn(batch, 3, 64, 64, generator=torch.Generator().manual_seed(0))
 
 
 # Float32 by default: eager float32 is itself 1e-2 or more away from float64 in some
 # step-2 gradients of these models, which fixed tolerances read as a difference.
+# ResNet-50 at batch 4 (layer4's BatchNorms over 16 values) is so ill-conditioned that
+# eager float32 is 30% off float64 at step 2 and the check compares noise with noise;
+# at batch 8 eager is about 1e-3 off.
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FLOAT32_MODELS)
 def test_real_optimize_is_equivalent_at_float32_by_default(name):
-    report = verify(torchvision_model(name), small_batch())
+    report = verify(torchvision_model(name), small_batch(8 if name == "resnet50" else 4))
     assert report.fp64_reference
     assert report.ok, str(report)
     assert report.optimize_report.fused, "nothing fused: the check proved nothing"
