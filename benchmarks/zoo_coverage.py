@@ -95,6 +95,10 @@ def _coverage(fused: int, sites: int) -> str:
     return f"{100 * fused / sites:.0f}%" if sites else "-"
 
 
+_HEADERS = ("input", "BN layers", "Conv→BN sites", "fused", "coverage", "not fused (sites: reason)",
+            "saved bytes vs eager")
+
+
 def family_table(rows: list[ModelRow]) -> str:
     families: dict[str, list[ModelRow]] = {}
     for row in rows:
@@ -122,18 +126,7 @@ def family_table(rows: list[ModelRow]) -> str:
     return tabulate(
         table,
         tablefmt="github",
-        headers=[
-            "family",
-            "models",
-            "input",
-            "BN layers",
-            "Conv→BN sites",
-            "fused",
-            "coverage",
-            "not fused (sites: reason)",
-            "saved bytes vs eager",
-            "optimize s (max)",
-        ],
+        headers=["family", "models", *_HEADERS, "optimize s (max)"],
     )
 
 
@@ -156,18 +149,7 @@ def model_table(rows: list[ModelRow]) -> str:
     return tabulate(
         table,
         tablefmt="github",
-        headers=[
-            "family",
-            "model",
-            "input",
-            "BN layers",
-            "Conv→BN sites",
-            "fused",
-            "coverage",
-            "not fused (sites: reason)",
-            "saved bytes vs eager",
-            "optimize s",
-        ],
+        headers=["family", "model", *_HEADERS, "optimize s"],
     )
 
 

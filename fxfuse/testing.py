@@ -16,6 +16,14 @@ compares, at every step:
 and last, in eval mode, the trained parameters and buffers and the outputs
 (``eval_output``).
 
+With a float64 reference (``reference64``, what `assert_equivalent` and
+`fxfuse.verify` use by default) a third model, the reference cast to float64, runs in
+lockstep with the two, and each tensor of the candidate is held to the reference's own
+error against it (`FP64_MULTIPLIER`, `fp64_floor`), the method of
+``torch._dynamo.utils.same(..., fp64_ref=...)``: float32 rounding that eager itself
+makes no longer reads as a difference, and a candidate clearly worse than eager at
+its own dtype still fails.
+
 The backward is taken of a fixed random projection of the outputs, not of their sum:
 ``out.sum()`` sends the same gradient to every element, and gradient terms that
 cancel for a constant upstream gradient (batch norm's mean-subtraction terms, say)
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
@@ -32,7 +41,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, FxFuseError
 
 __all__ = [
     "Check",
@@ -42,6 +51,8 @@ __all__ = [
     "compare_models",
     "compare_tensors",
     "default_tolerance",
+    "float64_copy",
+    "fp64_floor",
 ]
 
 # Each step is plain SGD with the learning rate that moves the reference's largest
@@ -63,6 +74,8 @@ class Tolerance:
     ``rtol`` is relative to the scale of the whole reference tensor, not element by
     element, so elements near zero do not make the check flaky; ``atol`` is a floor for
     tensors that are all (nearly) zero, e.g. gradients that cancel to rounding noise.
+    With a float64 reference the same two numbers are the floor added to
+    ``FP64_MULTIPLIER`` times the reference model's own error.
     """
 
     rtol: float
@@ -77,17 +90,43 @@ _DEFAULT_TOLERANCES = {
 }
 _EXACT = Tolerance(rtol=0.0, atol=0.0)
 
+# Against a float64 reference, a candidate tensor passes when its error is at most
+# FP64_MULTIPLIER times the reference model's own error at the same dtype, plus a floor:
+# rtol, about 80 rounding steps of the dtype relative to the tensor's scale, for
+# tensors that the reference happens to get (nearly) exact; and atol, the dtype's
+# smallest normal number, for values near zero, where rounding is absolute. The
+# floor is not larger on purpose: an untrained network's outputs can be 1e-10 in size
+# and still hold a real difference. Chosen by measurement (docs/verify.md): correct
+# rewrites of five torchvision models needed at most 3.2x, planted defects are caught
+# hundreds of times over.
+FP64_MULTIPLIER = 5.0
+_FP64_FLOORS = {
+    dtype: Tolerance(rtol=rtol, atol=torch.finfo(dtype).tiny)
+    for dtype, rtol in ((torch.float32, 1e-5), (torch.float16, 1e-2), (torch.bfloat16, 8e-2))
+}
+
+
+def _real_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype.to_real() if dtype.is_complex else dtype
+
 
 def default_tolerance(dtype: torch.dtype) -> Tolerance:
-    """The tolerance used for tensors of `dtype` unless rtol/atol are given.
+    """The tolerance used for tensors of `dtype` unless rtol/atol are given (no float64 reference).
 
     Integer and bool tensors must match exactly; complex ones use their real dtype's.
     """
-    if dtype.is_complex:
-        dtype = dtype.to_real()
+    dtype = _real_dtype(dtype)
     if not dtype.is_floating_point:
         return _EXACT
     return _DEFAULT_TOLERANCES.get(dtype, _DEFAULT_TOLERANCES[torch.float32])
+
+
+def fp64_floor(dtype: torch.dtype) -> Tolerance:
+    """The floor added to FP64_MULTIPLIER x the reference's own error, for tensors of `dtype`."""
+    dtype = _real_dtype(dtype)
+    if not dtype.is_floating_point:
+        return _EXACT
+    return _FP64_FLOORS.get(dtype, _FP64_FLOORS[torch.float32])
 
 
 # --------------------------------------------------------------------------- results
@@ -97,31 +136,42 @@ def default_tolerance(dtype: torch.dtype) -> Tolerance:
 class TensorComparison:
     """One tensor (or one structural property) compared between reference and candidate.
 
+    Without a float64 reference, `max_abs_diff` is max|reference - candidate|. With one,
+    it is max|reference64 - candidate| and `reference_abs_diff` is the reference model's
+    own max|reference64 - reference|; `scale` is then max|reference64|.
     `problem` is set when the two could not be compared numerically (missing tensor,
     shape or dtype mismatch, different keys); the comparison then fails.
     """
 
     name: str
     max_abs_diff: float = 0.0
-    scale: float = 0.0  # max |reference|, finite elements only
+    scale: float = 0.0  # max |reference| (|reference64| with a float64 reference), finite elements only
     rtol: float = 0.0
     atol: float = 0.0
     passed: bool = True
     problem: Optional[str] = None
+    reference_abs_diff: Optional[float] = None  # the reference's own error against float64
+    multiplier: float = 0.0
 
     @property
     def tolerance(self) -> float:
-        """The absolute difference allowed for this tensor: atol + rtol * scale."""
-        return self.atol + self.rtol * self.scale
+        """The absolute difference allowed: atol + rtol * scale (+ multiplier * the reference's own error)."""
+        own = self.multiplier * self.reference_abs_diff if self.reference_abs_diff is not None else 0.0
+        return own + self.atol + self.rtol * self.scale
 
     @property
     def rel_diff(self) -> float:
         """The worst difference relative to the reference tensor's scale."""
         if self.problem is not None:
             return math.nan
-        if self.max_abs_diff == 0:
-            return 0.0
-        return self.max_abs_diff / self.scale if self.scale > 0 else math.inf
+        return _relative(self.max_abs_diff, self.scale)
+
+    @property
+    def reference_rel_diff(self) -> Optional[float]:
+        """The reference's own error against float64, relative to the scale (None without one)."""
+        if self.reference_abs_diff is None or self.problem is not None:
+            return None
+        return _relative(self.reference_abs_diff, self.scale)
 
     @property
     def severity(self) -> float:
@@ -136,10 +186,22 @@ class TensorComparison:
         """The size of the difference, in words."""
         if self.problem is not None:
             return self.problem
+        if self.reference_abs_diff is None:
+            return (
+                f"max abs diff {self.max_abs_diff:.1e} (tolerance {self.rtol:.1e} relative to "
+                f"scale {self.scale:.1e}, atol {self.atol:.1e})"
+            )
         return (
-            f"max abs diff {self.max_abs_diff:.1e} (tolerance {self.rtol:.1e} relative to "
-            f"scale {self.scale:.1e}, atol {self.atol:.1e})"
+            f"max abs diff {self.max_abs_diff:.1e} from the float64 reference, where the reference's own is "
+            f"{self.reference_abs_diff:.1e} (allowed {self.multiplier:g} x {self.reference_abs_diff:.1e} "
+            f"+ {self.rtol:.1e} x scale {self.scale:.1e} + atol {self.atol:.1e} = {self.tolerance:.1e})"
         )
+
+
+def _relative(diff: float, scale: float) -> float:
+    if diff == 0:
+        return 0.0
+    return diff / scale if scale > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -216,41 +278,74 @@ class Check:
 
 
 def compare_tensors(
-    name: str, reference: Any, candidate: Any, rtol: Optional[float] = None, atol: Optional[float] = None
+    name: str,
+    reference: Any,
+    candidate: Any,
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+    *,
+    reference64: Any = None,
 ) -> TensorComparison:
-    """Compare two values (normally tensors) under the tolerance for the reference's dtype.
+    """Compare two values (normally tensors).
+
+    Without `reference64`: under the tolerance for the reference's dtype
+    (`default_tolerance`). With `reference64` (the same value from a float64 copy of the
+    reference): the candidate passes when ``max|reference64 - candidate| <=
+    FP64_MULTIPLIER * max|reference64 - reference| + atol + rtol * max|reference64|``,
+    with rtol/atol defaulting to `fp64_floor` of the candidate's dtype. Integer and bool
+    tensors must match exactly either way.
 
     A NaN anywhere fails (the comparison would mean nothing); infinities must sit at the
-    same places in both. Non-tensor values must be equal.
+    same places. Non-tensor values must be equal.
     """
+    problem = _structure_problem(reference, candidate)
+    if problem is None and reference64 is not None:
+        problem = _structure_problem(reference64, reference, "float64 reference", "reference")
+    if problem is not None:
+        return TensorComparison(name, passed=False, problem=problem)
+    if not isinstance(reference, Tensor):
+        return TensorComparison(name)
+
+    exact = not (reference.is_floating_point() or reference.is_complex())
+    default = (default_tolerance if reference64 is None else fp64_floor)(reference.dtype)
+    rtol = 0.0 if exact else default.rtol if rtol is None else rtol
+    atol = 0.0 if exact else default.atol if atol is None else atol
+    truth = _as_float64(reference if reference64 is None else reference64)
+    max_abs_diff, scale = _max_abs_diff_and_scale(truth, _as_float64(candidate.to(truth.device)))
+    own = multiplier = None
+    if reference64 is not None:
+        own, _ = _max_abs_diff_and_scale(truth, _as_float64(reference.to(truth.device)))
+        multiplier = 0.0 if exact else FP64_MULTIPLIER
+    for diff, side in ((max_abs_diff, "candidate"), (own, "reference")):
+        if diff is not None and math.isnan(diff):
+            if truth.isnan().any():
+                side = "reference" if reference64 is None else "float64 reference"
+            return TensorComparison(name, passed=False, problem=f"NaN in {side}")
+    comparison = TensorComparison(name, max_abs_diff, scale, rtol, atol, True, None, own, multiplier or 0.0)
+    if max_abs_diff > comparison.tolerance:
+        comparison = dataclasses.replace(comparison, passed=False)
+    return comparison
+
+
+def _structure_problem(
+    reference: Any, candidate: Any, reference_label: str = "reference", candidate_label: str = "candidate"
+) -> Optional[str]:
+    """Why two values cannot be compared numerically (None when they can, or are equal non-tensors)."""
     if reference is None or candidate is None:
         if reference is None and candidate is None:
-            return TensorComparison(name)
-        missing = "reference" if reference is None else "candidate"
-        return TensorComparison(name, passed=False, problem=f"missing (None) in {missing}")
+            return None
+        return f"missing (None) in {reference_label if reference is None else candidate_label}"
     if not isinstance(reference, Tensor) or not isinstance(candidate, Tensor):
         if isinstance(reference, Tensor) != isinstance(candidate, Tensor) or reference != candidate:
-            return TensorComparison(name, passed=False, problem=f"{reference!r} vs {candidate!r}")
-        return TensorComparison(name)
+            return f"{reference!r} vs {candidate!r}"
+        return None
     if reference.shape != candidate.shape:
-        return TensorComparison(
-            name, passed=False, problem=f"shape {tuple(reference.shape)} vs {tuple(candidate.shape)}"
-        )
-    if reference.dtype != candidate.dtype:
-        return TensorComparison(name, passed=False, problem=f"dtype {reference.dtype} vs {candidate.dtype}")
-
-    default = default_tolerance(reference.dtype)
-    rtol = default.rtol if rtol is None else rtol
-    atol = default.atol if atol is None else atol
-    if not (reference.is_floating_point() or reference.is_complex()):
-        rtol = atol = 0.0
-    ref, cand = _as_float64(reference), _as_float64(candidate.to(reference.device))
-    max_abs_diff, scale = _max_abs_diff_and_scale(ref, cand)
-    if math.isnan(max_abs_diff):
-        side = "reference" if ref.isnan().any() else "candidate"
-        return TensorComparison(name, passed=False, problem=f"NaN in {side}")
-    passed = max_abs_diff <= atol + rtol * scale
-    return TensorComparison(name, max_abs_diff, scale, rtol, atol, passed)
+        return f"shape {tuple(reference.shape)} vs {tuple(candidate.shape)}"
+    if reference.is_floating_point() != candidate.is_floating_point() or (
+        candidate_label == "candidate" and reference.dtype != candidate.dtype
+    ):
+        return f"dtype {reference.dtype} vs {candidate.dtype}"
+    return None
 
 
 def _max_abs_diff_and_scale(ref: Tensor, cand: Tensor) -> tuple[float, float]:
@@ -334,6 +429,28 @@ def copy_model(model: nn.Module, dtype: Optional[torch.dtype] = None) -> nn.Modu
         raise ConfigurationError(f"expected an nn.Module, got {type(model).__name__}")
     clone = copy.deepcopy(model)
     return clone.to(dtype) if dtype is not None else clone
+
+
+def float64_copy(model: nn.Module) -> nn.Module:
+    """A float64 deep copy of `model`, the reference of the float64-reference comparison."""
+    if not isinstance(model, nn.Module):
+        raise ConfigurationError(f"expected an nn.Module, got {type(model).__name__}")
+    try:
+        return copy.deepcopy(model).to(torch.float64)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the fix
+        raise ConfigurationError(
+            f"cannot copy {type(model).__name__} to float64 for the reference ({type(exc).__name__}: "
+            f"{_first_line(exc)}); pass fp64_reference=False to compare at the models' own dtype"
+        ) from exc
+
+
+def needs_float64_reference(model: nn.Module, inputs: Sequence[Any]) -> bool:
+    """Whether `model` computes in a floating dtype less precise than float64 (so a float64 reference helps)."""
+    tensors = [*model.parameters(), *model.buffers(), *(t for _, t in flatten_named(tuple(inputs), ""))]
+    return any(
+        isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex()) and _real_dtype(t.dtype) != torch.float64
+        for t in tensors
+    )
 
 
 def cast_inputs(inputs: Sequence[Any], dtype: Optional[torch.dtype] = None) -> tuple[Any, ...]:
@@ -453,7 +570,7 @@ def _eval_outputs(
 
 
 class _Comparer:
-    """Builds Checks from pairs of named tensor lists, with the caller's rtol/atol overrides."""
+    """Builds Checks from named tensor lists, with the caller's rtol/atol overrides."""
 
     def __init__(self, rtol: Optional[float], atol: Optional[float]) -> None:
         self.rtol = rtol
@@ -467,9 +584,14 @@ class _Comparer:
         kind: str,
         reference: list[tuple[str, Any]],
         candidate: list[tuple[str, Any]],
+        reference64: Optional[list[tuple[str, Any]]] = None,
     ) -> None:
-        """Compare by name; names present on one side only fail. Adds nothing if both are empty."""
+        """Compare by name; names present on one side only fail. Adds nothing if both are empty.
+
+        `reference64` comes from a float64 copy of the reference (same names).
+        """
         ref, cand = dict(reference), dict(candidate)
+        ref64 = dict(reference64) if reference64 is not None else None
         names = list(ref) + [name for name in cand if name not in ref]
         comparisons = []
         for name in names:
@@ -477,7 +599,10 @@ class _Comparer:
                 side = "candidate" if name not in cand else "reference"
                 comparisons.append(TensorComparison(name, passed=False, problem=f"missing in {side}"))
             else:
-                comparisons.append(compare_tensors(name, ref[name], cand[name], self.rtol, self.atol))
+                truth = ref64.get(name) if ref64 is not None else None
+                comparisons.append(
+                    compare_tensors(name, ref[name], cand[name], self.rtol, self.atol, reference64=truth)
+                )
         if comparisons:
             self.checks.append(Check(phase, step, kind, tuple(comparisons)))
 
@@ -497,47 +622,85 @@ def compare_models(
     train: bool = True,
     eval: bool = True,
     seed: int = 0,
+    reference64: Optional[nn.Module] = None,
 ) -> list[Check]:
     """Run `reference` and `candidate` side by side and compare them (see the module doc).
 
-    Both models are changed IN PLACE (trained for `steps` plain SGD steps, see
+    All models are changed IN PLACE (trained for `steps` plain SGD steps, see
     MAX_UPDATE, then put in eval mode if `eval`): pass copies. `inputs` are the
     positional arguments of each forward; every forward gets fresh clones of them.
-    rtol/atol override the per-dtype defaults (`default_tolerance`). Returns every
-    Check, in the order they were made; the run does not stop at the first failure.
+
+    `reference64`, a float64 copy of `reference` (`float64_copy`), makes it the
+    float64-reference comparison: it runs in lockstep on float64 copies of the inputs,
+    and each candidate tensor is held to FP64_MULTIPLIER times the reference's own error
+    against it, plus a floor (rtol/atol, by default `fp64_floor`). Without it, rtol/atol
+    override the per-dtype defaults (`default_tolerance`). Returns every Check, in the
+    order they were made; the run does not stop at the first failure.
     """
     validate_options(steps, None, rtol, atol)
     inputs = tuple(inputs)
-    cuda_devices = _cuda_devices((reference, candidate), inputs)
+    runs = [reference, candidate] if reference64 is None else [reference, candidate, reference64]
+    run_inputs = [inputs, inputs, cast_inputs(inputs, torch.float64)][: len(runs)]
+    cuda_devices = _cuda_devices(runs, inputs)
     compare = _Comparer(rtol, atol)
     # Structure first: a missing parameter is the root cause of the failures that follow.
     compare.structure("state_dict_keys", "state_dict()", _state_dict_keys_problem(reference, candidate))
     compare.structure("param_order", "named_parameters()", _param_order_problem(reference, candidate))
 
     if train:
-        reference.train()
-        candidate.train()
+        for model in runs:
+            model.train()
         for step in range(1, steps + 1):
-            ref, cand = (_forward_backward(m, inputs, seed + step, cuda_devices) for m in (reference, candidate))
-            compare.tensors("train", step, "param", ref.params, cand.params)
-            compare.tensors("train", step, "output", ref.outputs, cand.outputs)
-            compare.tensors("train", step, "input_grad", ref.input_grads, cand.input_grads)
-            compare.tensors("train", step, "param_grad", ref.param_grads, cand.param_grads)
-            compare.tensors("train", step, "buffer", ref.buffers, cand.buffers)
-            lr = _sgd_lr(reference)  # the same step for both
-            for model in (reference, candidate):
+            records = [_forward_backward(m, x, seed + step, cuda_devices) for m, x in zip(runs[:2], run_inputs)]
+            if reference64 is not None:
+                with _float64_reference_errors():
+                    records.append(_forward_backward(reference64, run_inputs[2], seed + step, cuda_devices))
+            for kind, field_name in _STEP_KINDS:
+                compare.tensors("train", step, kind, *(getattr(r, field_name) for r in records))
+            # The same learning rate for all, from the most accurate gradients; each model then
+            # steps with its own gradients, as it would in training.
+            lr = _sgd_lr(runs[-1] if reference64 is not None else reference)
+            for model in runs:
                 torch.optim.SGD(model.parameters(), lr=lr).step()
 
     if eval:
-        reference.eval()
-        candidate.eval()
-        compare.tensors("eval", None, "param", *(_named_clones(m.named_parameters()) for m in (reference, candidate)))
-        compare.tensors("eval", None, "buffer", *(_named_clones(m.named_buffers()) for m in (reference, candidate)))
-        compare.tensors(
-            "eval", None, "eval_output", *(_eval_outputs(m, inputs, seed, cuda_devices) for m in (reference, candidate))
-        )
+        for model in runs:
+            model.eval()
+        compare.tensors("eval", None, "param", *(_named_clones(m.named_parameters()) for m in runs))
+        compare.tensors("eval", None, "buffer", *(_named_clones(m.named_buffers()) for m in runs))
+        with _float64_reference_errors():
+            outputs = [_eval_outputs(m, x, seed, cuda_devices) for m, x in zip(runs, run_inputs)]
+        compare.tensors("eval", None, "eval_output", *outputs)
 
     return compare.checks
+
+
+@contextlib.contextmanager
+def _float64_reference_errors() -> Iterator[None]:
+    """A model that runs at its own dtype but not in float64 is a configuration problem, said as such."""
+    try:
+        yield
+    except FxFuseError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with the fix
+        raise ConfigurationError(
+            f"the float64 copy of the reference could not run ({type(exc).__name__}: {_first_line(exc)}); "
+            "pass fp64_reference=False to compare at the models' own dtype with fixed tolerances"
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+_STEP_KINDS = (
+    ("param", "params"),
+    ("output", "outputs"),
+    ("input_grad", "input_grads"),
+    ("param_grad", "param_grads"),
+    ("buffer", "buffers"),
+)
 
 
 def _state_dict_keys_problem(reference: nn.Module, candidate: nn.Module) -> Optional[str]:
@@ -599,6 +762,7 @@ def assert_equivalent(
     atol: Optional[float] = None,
     train: bool = True,
     eval: bool = True,
+    fp64_reference: bool = True,
 ) -> None:
     """Assert that `candidate` trains and evaluates like `reference` on `inputs`.
 
@@ -611,33 +775,42 @@ def assert_equivalent(
         def test_fxfuse_keeps_my_model_exact():
             model, x = MyModel(), torch.randn(4, 3, 64, 64)
             optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
-            assert_equivalent(model, optimized, x, dtype=torch.float64)
+            assert_equivalent(model, optimized, x)
 
     Both models are deep-copied (neither is changed) and, if `dtype` is given, cast to
     it along with the floating inputs. The state_dict keys and the named_parameters()
     order are always compared. With `train`, both run `steps` plain SGD steps (the
     same learning rate for both) from the same RNG state, comparing at each step the
     parameters, outputs, input gradients, parameter gradients (by name) and buffers.
-    With `eval`, the trained state and the eval-mode outputs are compared. Tensors
-    match when ``max|ref - cand| <= atol + rtol * max|ref|``; rtol/atol default by
-    dtype (see `default_tolerance`). docs/verify.md has the details.
+    With `eval`, the trained state and the eval-mode outputs are compared.
+
+    With `fp64_reference` (the default) and models below float64, a float64 copy of
+    `reference` runs alongside as the truth, and each candidate tensor may be off from
+    it by at most FP64_MULTIPLIER times `reference`'s own error, plus a floor (rtol/atol,
+    default `fp64_floor`). Otherwise tensors match when
+    ``max|ref - cand| <= atol + rtol * max|ref|`` (rtol/atol default by dtype, see
+    `default_tolerance`). docs/verify.md has the details.
 
     Raises:
         AssertionError: naming the first differing tensor and the size of the
             difference, e.g. ``param_grad 'layer1.0.bn1.weight' differs at step 1:
-            max abs diff 3.2e-02 (tolerance 2.0e-04 relative to scale 1.1e+00, ...)``.
-        ConfigurationError: for invalid arguments.
+            max abs diff 3.2e-02 from the float64 reference, where the reference's own is ...``.
+        ConfigurationError: for invalid arguments, or a reference that cannot run in
+            float64 (pass ``fp64_reference=False``).
     """
     validate_options(steps, dtype, rtol, atol)
+    reference = copy_model(reference, dtype)
+    inputs = cast_inputs(inputs, dtype)
     checks = compare_models(
-        copy_model(reference, dtype),
+        reference,
         copy_model(candidate, dtype),
-        cast_inputs(inputs, dtype),
+        inputs,
         steps=steps,
         rtol=rtol,
         atol=atol,
         train=train,
         eval=eval,
+        reference64=float64_copy(reference) if fp64_reference and needs_float64_reference(reference, inputs) else None,
     )
     if not all(c.passed for c in checks):
         raise AssertionError(failure_summary(checks))

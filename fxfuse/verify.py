@@ -9,7 +9,17 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
-from .testing import Check, cast_inputs, compare_models, copy_model, failure_summary, validate_options
+from .testing import (
+    FP64_MULTIPLIER,
+    Check,
+    cast_inputs,
+    compare_models,
+    copy_model,
+    failure_summary,
+    float64_copy,
+    needs_float64_reference,
+    validate_options,
+)
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -28,6 +38,7 @@ class VerifyReport:
     steps: int
     dtype: Optional[torch.dtype] = None
     optimize_report: Any = None  # the optimized copy's `fxfuse_report`, if it had one
+    fp64_reference: bool = False  # whether a float64 copy of the model was the reference
 
     @property
     def ok(self) -> bool:
@@ -42,25 +53,35 @@ class VerifyReport:
         if self.ok:
             return f"equivalent: all {len(self.checks)} checks passed"
         summary = "NOT equivalent: " + failure_summary(self.checks)
-        if self.dtype != torch.float64:
+        if not self.fp64_reference and self.dtype != torch.float64:
             summary += f"\n{_FLOAT64_HINT}"
         return summary
 
     def table(self) -> str:
-        headers = ["phase", "check", "tensors", "worst tensor", "max abs diff", "rel diff", "tolerance", "result"]
+        """One row per check: its worst tensor, eager's and fxfuse's error, and what was allowed.
+
+        Errors are relative to the tensor's scale: against the float64 reference when
+        there is one (eager's own error shown beside fxfuse's), else fxfuse against eager.
+        """
+        headers = ["phase", "check", "tensors", "worst tensor", "eager error", "fxfuse error", "allowed", "result"]
         return tabulate([_row(check) for check in self.checks], headers=headers, disable_numparse=True)
 
     def __str__(self) -> str:
         dtype = str(self.dtype).replace("torch.", "") if self.dtype is not None else "model's own dtype"
         lines = [f"fxfuse.verify (mode={self.mode}, steps={self.steps}, dtype={dtype})"]
+        if self.fp64_reference:
+            lines.append(
+                "reference: eager in float64; errors are relative to each tensor's scale; a tensor passes when "
+                f"fxfuse's error is at most {FP64_MULTIPLIER:g}x eager's own plus a floor"
+            )
         if self.optimize_report is not None:
             lines.append(f"optimized copy: {str(self.optimize_report).splitlines()[0]}")
         return "\n".join([*lines, self.table(), self.summary()])
 
 
 _FLOAT64_HINT = (
-    "hint: training amplifies float32 rounding (small BatchNorm batches, first-layer weight "
-    "gradients); run with dtype=torch.float64 (--dtype float64) to tell real differences from rounding."
+    "hint: without a float64 reference, float32 rounding that training amplifies reads as a difference; "
+    "run with fp64_reference=True (the default) or dtype=torch.float64 to tell real differences from rounding."
 )
 
 
@@ -70,7 +91,12 @@ def _row(check: Check) -> list[str]:
     if worst.problem is not None or check.phase == "structure":
         numbers = ["-", "-", "-"]
     else:
-        numbers = [_number(worst.max_abs_diff), _number(worst.rel_diff), _number(worst.tolerance)]
+        own = worst.reference_rel_diff
+        numbers = [
+            "-" if own is None else _number(own),
+            _number(worst.rel_diff),
+            _number(worst.tolerance / worst.scale if worst.scale > 0 else worst.tolerance),
+        ]
     result = "ok" if check.passed else f"FAIL ({len(check.failures)})"
     return [check.label, check.kind, str(len(check.comparisons)), name, *numbers, result]
 
@@ -87,6 +113,7 @@ def verify(
     dtype: Optional[torch.dtype] = None,
     rtol: Optional[float] = None,
     atol: Optional[float] = None,
+    fp64_reference: bool = True,
 ) -> VerifyReport:
     """Optimize a copy of `model` with fxfuse and check it trains exactly like the original.
 
@@ -94,6 +121,10 @@ def verify(
     mode=mode)``) and run side by side with another deep copy of the original, in
     train mode, for `steps` plain SGD steps from the same RNG state; then both are
     compared in eval mode. See `fxfuse.testing` for everything that is compared.
+    With `fp64_reference` (the default; it applies below float64), a third copy runs
+    in float64 as the truth, and each tensor of the optimized copy may be off from it
+    by at most FP64_MULTIPLIER times eager's own error at the same dtype, plus a small
+    floor: float32 rounding that eager makes too is not reported as a difference.
     `model` itself is not changed: not its parameters, buffers, grads or training flag.
 
     Args:
@@ -102,10 +133,12 @@ def verify(
             tensors among them also get their gradients compared.
         mode: the fxfuse.optimize mode to check.
         steps: training steps to compare (0: eval mode and structure only).
-        dtype: if given, both copies and the floating inputs are cast to it first;
-            ``torch.float64`` separates real differences from float32 rounding.
-        rtol, atol: override the per-dtype tolerances: tensors match when
-            ``max|ref - opt| <= atol + rtol * max|ref|``.
+        dtype: if given, both copies and the floating inputs are cast to it first.
+        rtol, atol: override the floor ``atol + rtol * max|ref64|`` added to the
+            multiple of eager's error (default `fxfuse.testing.fp64_floor`); without a
+            float64 reference, the whole tolerance: ``max|ref - opt| <= atol + rtol * max|ref|``.
+        fp64_reference: False compares the optimized copy with eager directly, at
+            fixed per-dtype tolerances (`fxfuse.testing.default_tolerance`).
 
     Returns:
         A VerifyReport; ``report.ok`` is True when everything matched. Errors raised
@@ -116,12 +149,14 @@ def verify(
     validate_options(steps, dtype, rtol, atol)
     inputs = cast_inputs(example_inputs, dtype)
     reference = copy_model(model, dtype).train()
+    reference64 = float64_copy(reference) if fp64_reference and needs_float64_reference(reference, inputs) else None
     candidate = optimize(copy_model(model, dtype).train(), inputs, mode=mode)
-    checks = compare_models(reference, candidate, inputs, steps=steps, rtol=rtol, atol=atol)
+    checks = compare_models(reference, candidate, inputs, steps=steps, rtol=rtol, atol=atol, reference64=reference64)
     return VerifyReport(
         checks=checks,
         mode=mode,
         steps=steps,
         dtype=dtype,
         optimize_report=getattr(candidate, "fxfuse_report", None),
+        fp64_reference=reference64 is not None,
     )

@@ -367,6 +367,50 @@ def test_nan_inf_forward(lay, dtype, act, p):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 @pytest.mark.parametrize("lay", LAYOUTS)
+def test_gelu_overflow_as_eager(lay, dtype):
+    """Eager's GELU of a contiguous float32 tensor is oneDNN's, which on AVX-512 CPUs returns
+    NaN for +inf and inf for z >= FLT_MAX / 2, where ATen's own kernel (channels_last,
+    float64) returns inf and z: the fused GELU returns what eager returns, out of place
+    and in place."""
+    x = make_input((2, 3, 3, 5), dtype, "contiguous").clone()
+    for i, v in enumerate([float("inf"), -float("inf"), float("nan"), 3e38, -3e38, 2e38, 1.7e38, 1e38]):
+        x.view(-1)[7 * i] = v
+    x = layout(x, lay)
+    C = x.shape[1]
+    mean, var = torch.zeros(C, dtype=dtype), torch.full((C,), 1.0 - EPS, dtype=dtype)
+    w, b = torch.ones(C, dtype=dtype), torch.zeros(C, dtype=dtype)
+    eager = F.gelu(F.batch_norm(x, mean, var, w, b, False, 0.0, EPS))
+    y = x.clone()
+    ops.bn_act_(y, mean, var, w, b, EPS, "gelu", 0.0)
+    for out in (ops.bn_act(x, mean, var, w, b, EPS, "gelu", 0.0), y):
+        assert torch.equal(out.isnan(), eager.isnan())
+        assert torch.equal(out.isinf(), eager.isinf()) and torch.equal(out[out.isinf()], eager[eager.isinf()])
+        close(out, eager, tol(dtype) * 10, equal_nan=True)
+
+
+@pytest.mark.parametrize("act,p", ACTS, ids=ACT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("lay", LAYOUTS)
+def test_nan_inf_backward_as_eager(lay, dtype, act, p):
+    """NaN and +-inf in x and dy give grad_input NaN / inf exactly where eager's autograd
+    (batch_norm with running statistics, then the activation) has them."""
+    x = make_input((2, 3, 3, 5), dtype, "contiguous").clone()
+    dy = make_input((2, 3, 3, 5), dtype, "contiguous", seed=4).clone()
+    for i, v in enumerate([float("inf"), -float("inf"), float("nan"), 1e30, -1e30]):
+        x.view(-1)[11 * i] = v
+        dy.view(-1)[11 * i + 5] = v
+    x, dy = layout(x, lay), layout(dy, lay)
+    w, b, mean, var = make_params(3, dtype)
+    xe = x.clone().requires_grad_()
+    eager_act(F.batch_norm(xe, mean, var, w, b, False, 0.0, EPS), act, p).backward(dy)
+    got = ops.bn_act_backward(dy, x, mean, var, w, b, EPS, act, p, False, [True, False, False])[0]
+    want = xe.grad
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got[got.isinf()], want[want.isinf()])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("lay", LAYOUTS)
 def test_nan_inf_stats(lay, dtype):
     x = make_input((2, 4, 3, 5), dtype, lay).clone()
     x[1, 0, 2, 2] = float("nan")

@@ -43,9 +43,20 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+# float32: ATen's own spread between the CPU capabilities it can pick. Measured with
+# torch 2.14.1 on an AVX-512 CPU, ATEN_CPU_CAPABILITY=default/avx2/avx512, over
+# randn(3, 5, 41, 57) * 4 and 200001 points of [-12, 12] (dense non-contiguous input, so
+# ATen's own kernel runs), as max |a - b| / (1 + |b|), the form rtol=atol=t checks:
+# gelu 3.2e-6 and gelu_backward 5.4e-6 between DEFAULT and AVX2 (AVX2 and AVX512 are
+# bitwise equal), both forms; oneDNN's erf-GELU (contiguous input) against ATen's
+# kernel: 1.1e-6 with oneDNN's AVX-512 JIT, 1e-7 with its AVX2 one.
+F32_SPREAD = 5.4e-6
+
+
 def tol(dtype):
-    """The accuracy contract: 1e-6 in float32, 1e-12 in float64 (relative and absolute)."""
-    t = 1e-6 if dtype == torch.float32 else 1e-12
+    """The accuracy contract: ATen's cross-capability spread in float32, 1e-12 in float64
+    (relative and absolute); NaN where eager has NaN, and inf exactly."""
+    t = F32_SPREAD if dtype == torch.float32 else 1e-12
     return dict(rtol=t, atol=t, equal_nan=True)
 
 
@@ -129,8 +140,10 @@ def test_gelu_special_values(dtype, approximate):
                                torch.ops.aten.gelu_backward(ref_dy, ref_x, approximate=approximate), **tol(dtype))
 
 
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX2",
-                    reason="bitwise agreement is pinned for the kernels ATen runs on AVX2 CPUs")
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2"),
+                    reason="bitwise agreement holds where fxfuse has the build ATen runs (baseline, AVX2); "
+                           "ATen's AVX512 kernels split vector and scalar work differently, which "
+                           "test_gelu_matches_eager holds to ATen's cross-capability spread")
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "no_onednn"])
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("dtype", DTYPES)

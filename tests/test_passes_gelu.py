@@ -96,9 +96,11 @@ def test_without_example_inputs_the_call_picks_the_path_and_stays_exact():
 def test_gelu_is_faster(shape, fmt, dtype, approximate, expected):
     x = torch.randn(shape, dtype=dtype).to(memory_format=fmt)
     assert runtime.gelu_is_faster(x, approximate) is expected
-    # fxfuse.ops.gelu's accuracy contract (tests/test_gelu_ops.py); eager's channels_last path rounds differently.
+    # fxfuse.ops.gelu's accuracy contract (F32_SPREAD in tests/test_gelu_ops.py: ATen's own
+    # spread between CPU capabilities); eager's channels_last path rounds differently.
+    t = 5.4e-6 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(runtime.gelu_where_faster(x, approximate), F.gelu(x, approximate=approximate),
-                               rtol=1e-6, atol=1e-6)
+                               rtol=t, atol=t)
 
 
 def test_gelu_module_with_hooks_is_skipped():

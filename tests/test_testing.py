@@ -16,11 +16,15 @@ from torch import nn
 
 from fxfuse.errors import ConfigurationError
 from fxfuse.testing import (
+    FP64_MULTIPLIER,
     assert_equivalent,
     compare_models,
     compare_tensors,
     default_tolerance,
+    float64_copy,
+    fp64_floor,
 )
+from planted_defects import DEFECTS, plant
 
 F64 = torch.float64
 
@@ -433,3 +437,78 @@ def test_bad_arguments_raise_configuration_error(kwargs):
     model = TwoLayers()
     with pytest.raises(ConfigurationError):
         assert_equivalent(model, model, torch.randn(3, 4), **kwargs)
+
+
+# --------------------------------------------------------------------------- float64 reference
+
+
+@pytest.mark.parametrize("defect", list(DEFECTS))
+def test_planted_defects_fail_at_float32_against_the_float64_reference(defect):
+    model = conv_net()
+    candidate = copy.deepcopy(model)
+    kind, tensor = plant(defect, candidate)
+    with pytest.raises(AssertionError) as info:
+        assert_equivalent(model, candidate, image(4))  # float32, fp64_reference by default
+    assert f"{kind} '{tensor}' differs" in str(info.value)
+    assert "from the float64 reference" in str(info.value)
+
+
+def test_float32_dropout_draws_the_float64_mask():
+    """The float64 reference relies on this: the same seed gives the same dropout mask in both dtypes."""
+    x = torch.ones(8, 16, 9, 9)
+    masks = []
+    for dtype in (torch.float32, F64):
+        torch.manual_seed(3)
+        masks.append(F.dropout(x.to(dtype), 0.3, training=True) != 0)
+    assert torch.equal(*masks)
+
+
+def test_candidate_is_held_to_a_multiple_of_the_references_own_error():
+    truth = torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    reference = (truth + torch.tensor([1e-3, 0.0, 0.0], dtype=F64)).float()  # eager's own error: 1e-3
+    floor = fp64_floor(torch.float32)
+    near = compare_tensors("t", reference, (truth + 4e-3).float(), reference64=truth)
+    assert near.passed and near.reference_abs_diff == pytest.approx(1e-3, rel=1e-4)
+    assert near.tolerance == pytest.approx(FP64_MULTIPLIER * 1e-3 + floor.rtol * 2.0 + floor.atol, rel=1e-4)
+    far = compare_tensors("t", reference, (truth + 6e-3).float(), reference64=truth)
+    assert not far.passed
+    assert "where the reference's own is 1.0e-03" in far.describe()
+
+
+def test_exact_reference_leaves_only_the_floor():
+    truth = torch.tensor([1.0, 2.0], dtype=F64)
+    assert compare_tensors("t", truth.float(), (truth * (1 + 1e-6)).float(), reference64=truth).passed
+    assert not compare_tensors("t", truth.float(), (truth * (1 + 1e-4)).float(), reference64=truth).passed
+
+
+def test_tiny_tensors_get_no_absolute_free_pass():
+    """Untrained networks can output values of 1e-10; a difference of their own size must show."""
+    truth = torch.tensor([1e-10, -2e-10], dtype=F64)
+    assert not compare_tensors("t", truth.float(), (truth * 2).float(), reference64=truth).passed
+
+
+def test_integer_buffers_must_match_exactly_against_the_float64_reference():
+    count = torch.tensor(2)
+    assert compare_tensors("n", count, count.clone(), reference64=count.clone()).passed
+    off = compare_tensors("n", count, count + 1, reference64=count.clone())
+    assert not off.passed and off.tolerance == 0
+
+
+def test_float64_reference_is_skipped_for_float64_models():
+    model = conv_net().double()
+    checks = compare_models(copy.deepcopy(model), copy.deepcopy(model), (image().double(),), steps=1)
+    assert all(t.reference_abs_diff is None for c in checks for t in c.comparisons)
+
+
+def test_a_reference_that_cannot_run_in_float64_says_how_to_opt_out():
+    class Float32Only(nn.Linear):
+        def forward(self, x):
+            if x.dtype == F64:
+                raise RuntimeError("no float64 kernel")
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    model = Float32Only(4, 2)
+    with pytest.raises(ConfigurationError, match=r"float64 copy of the reference could not run .*fp64_reference=False"):
+        assert_equivalent(model, copy.deepcopy(model), torch.randn(3, 4))
+    assert_equivalent(model, copy.deepcopy(model), torch.randn(3, 4), fp64_reference=False)

@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
+from . import example_inputs as _example_inputs
 from . import layout, policy, shapes, tracing
 from .passes import PassContext, run_passes
 from .report import FusionReport, SkippedSite
@@ -280,6 +281,13 @@ def _check(model, mode: str, memory_budget, example_inputs, memory_format: str =
     _extension.require()
 
 
+def _check_example_inputs(model: nn.Module, example_inputs) -> None:
+    """Inputs eager rejects are an error here, not a reason for every estimate to fail later."""
+    inputs = _normalize_inputs(example_inputs)
+    if inputs is not None:
+        _example_inputs.check_accepted(model, inputs)
+
+
 def _run(model: nn.Module, example_inputs, options: Options, install: bool) -> FusionReport:
     report = FusionReport(options.mode)
     roots = _optimize_tree(model, "", options, example_inputs, report, install)
@@ -353,6 +361,7 @@ def optimize(model: nn.Module, example_inputs=None, *, mode: str = "memory",
     `layout` says what was chosen and why.
     """
     _check(model, mode, memory_budget, example_inputs, memory_format)
+    _check_example_inputs(model, example_inputs)
     if any(is_optimized(m) for m in model.modules()):
         _uninstall(model)
     report = _optimized(model, example_inputs, mode, memory_budget, memory_format, install=True)
@@ -364,6 +373,7 @@ def explain(model: nn.Module, example_inputs=None, *, mode: str = "memory",
             memory_budget: Optional[float] = None, memory_format: str = "preserve") -> FusionReport:
     """What `optimize` would fuse and skip (and why), without changing `model`."""
     _check(model, mode, memory_budget, example_inputs, memory_format)
+    _check_example_inputs(model, example_inputs)
     target = model
     if any(is_optimized(m) for m in model.modules()):
         target = copy.deepcopy(model)

@@ -25,7 +25,9 @@ from typing import Callable, Optional
 
 from torch import nn
 
+from ..errors import ConfigurationError
 from .report import FusedSite, FusionReport, SkippedSite, format_bytes
+from .tracing import first_line
 
 RECOMPUTE_OPS = frozenset({"fxfuse::conv_bn_act", "fxfuse::linear_act", "fxfuse::conv_act"})
 
@@ -123,12 +125,12 @@ def choose_budget(model: nn.Module, memory: FusionReport, fast: FusionReport, bu
     decision = Decision(frozenset(), "budget", [], list(upgrades), budget=budget)
     try:
         decision.eager_bytes = eager_bytes()
-    except Exception as exc:  # noqa: BLE001 - arbitrary models on the meta device
-        decision.notes.append(f"could not count eager's saved activations on the meta device "
-                              f"({type(exc).__name__}: {exc}); the budget is not applied, every site is fused")
-        decision.allowed, decision.fallback_names = allowed_names(upgrades, pointwise)
-        decision.chosen, decision.rejected = list(upgrades), []
-        return decision
+    except Exception as exc:  # noqa: BLE001 - arbitrary models on the meta device; re-raised as one line
+        raise ConfigurationError(
+            f"memory_budget={budget} cannot be applied to {type(model).__name__}: counting eager's saved "
+            f"activations needs a forward on the meta device, which raises {type(exc).__name__}: "
+            f"{first_line(exc)} (optimize without memory_budget, or with mode='auto')"
+        ) from exc
 
     target = budget * decision.eager_bytes
     known = [c.marginal_bytes or 0 for c in upgrades]

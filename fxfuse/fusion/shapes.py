@@ -1,6 +1,8 @@
 """Tensor shapes of a traced graph from example inputs, without real compute (meta device, else FakeTensor)."""
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Any, Sequence
 
 import torch
@@ -16,23 +18,32 @@ def propagate(root: nn.Module, graph: fx.Graph, example_inputs: Sequence[Any]) -
     """node -> TensorMetadata for every node that produced a single tensor.
 
     Runs the graph on a meta-device copy of the model (no data is copied; nothing the
-    user owns changes), or where some op has no meta kernel, on fake tensors.
+    user owns changes), or where some op has no meta kernel, on fake tensors; raises
+    the fake run's error where both fail. ShapeProp prints the traceback of a failing
+    node before raising it; the caller reports the error, so that print is dropped.
     """
     try:
-        gm = fx.GraphModule(measure.meta_copy(root), graph)
-        ShapeProp(gm).propagate(*measure.to_meta(example_inputs))
+        with _quiet():
+            gm = fx.GraphModule(measure.meta_copy(root), graph)
+            ShapeProp(gm).propagate(*measure.to_meta(example_inputs))
     except Exception:  # noqa: BLE001 - an op without a meta kernel: FakeTensor covers more
         _clear(graph)
         gm = fx.GraphModule(root, graph)
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-        ShapeProp(gm, fake_mode=fake_mode).propagate(*fake_inputs)
+        with _quiet():
+            ShapeProp(gm, fake_mode=fake_mode).propagate(*fake_inputs)
     shapes = {}
     for node in graph.nodes:
         meta = node.meta.pop("tensor_meta", None)
         if meta is not None and hasattr(meta, "shape"):
             shapes[node] = meta
     return shapes
+
+
+def _quiet():
+    """Swallow what ShapeProp.run_node writes to stderr (traceback.print_exc) while it runs."""
+    return contextlib.redirect_stderr(io.StringIO())
 
 
 def _clear(graph: fx.Graph) -> None:

@@ -35,6 +35,7 @@
 #include "../checks.h"
 #include "bn_act_kernel.h"
 #include "bn_act_kernel_impl.h"
+#include "gelu_kernel.h"
 
 namespace fxfuse {
 namespace {
@@ -143,6 +144,11 @@ void forward_into(
         g, input.const_data_ptr<scalar_t>(), cp.coeffs(), a, static_cast<scalar_t>(act_param),
         out.mutable_data_ptr<scalar_t>());
   });
+  // Eager's GELU of a contiguous float32 batch_norm output is oneDNN's.
+  if (a == Act::GELU && out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() > 1 &&
+      cpu::onednn_runs_gelu()) {
+    cpu::gelu_overflow_as_onednn(out);
+  }
 }
 
 // Whether the hand-written backward kernels take this call (else: the generic path).

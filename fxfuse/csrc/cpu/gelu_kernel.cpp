@@ -28,7 +28,10 @@
 #include <ATen/Version.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "../activation_ops.h"
 #include "gelu_kernel.h"
@@ -76,7 +79,61 @@ at::Tensor empty_elementwise_like(const at::Tensor& t) {
   return at::empty_strided(t.sizes(), t.strides(), t.options());
 }
 
+// Calls f(i) for each i with !(|out[i]| < kGeluOverflowCheck), concurrently; returns
+// whether there was one. The check vectorizes; f runs only in chunks that need it.
+template <typename F>
+bool for_each_overflow(const float* out, int64_t n, const F& f) {
+  constexpr int64_t kChunk = 16384;
+  std::atomic<bool> found{false};
+  at::parallel_for(0, (n + kChunk - 1) / kChunk, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i0 = b * kChunk; i0 < std::min(n, e * kChunk); i0 += kChunk) {
+      const int64_t i1 = std::min(n, i0 + kChunk);
+      int any = 0;
+      for (int64_t i = i0; i < i1; ++i) any |= !(std::fabs(out[i]) < cpu::kGeluOverflowCheck);
+      if (!any) continue;
+      found.store(true, std::memory_order_relaxed);
+      for (int64_t i = i0; i < i1; ++i) {
+        if (!(std::fabs(out[i]) < cpu::kGeluOverflowCheck)) f(i);
+      }
+    }
+  });
+  return found.load();
+}
+
 }  // namespace
+
+namespace cpu {
+
+void gelu_overflow_as_aten(const float* x, float* out, int64_t n) {
+  for_each_overflow(out, n, [&](int64_t i) {
+    // GeluKernelImpl's scalar formula; for these inputs (+-inf, NaN, x >= 1e38) its
+    // vector formula returns the same: x, +inf or NaN.
+    out[i] = x[i] * 0.5f * (1.0f + std::erf(x[i] * static_cast<float>(M_SQRT1_2)));
+  });
+}
+
+void gelu_overflow_as_onednn(const at::Tensor& out) {
+  float* o = out.mutable_data_ptr<float>();
+  const int64_t n = out.numel();
+  if (!for_each_overflow(o, n, [](int64_t) {})) return;
+  std::vector<int64_t> idx;
+  std::vector<float> z;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(std::fabs(o[i]) < kGeluOverflowCheck) && !std::isnan(o[i])) {  // NaN stays NaN
+      idx.push_back(i);
+      z.push_back(o[i]);
+    }
+  }
+  if (idx.empty()) return;
+  z.push_back(z.back());  // ATen hands oneDNN contiguous input of 2 elements or more
+  const at::Tensor g = at::gelu(at::from_blob(z.data(), {static_cast<int64_t>(z.size())}, at::kFloat));
+  const float* gp = g.const_data_ptr<float>();
+  for (size_t k = 0; k < idx.size(); ++k) o[idx[k]] = gp[k];
+}
+
+bool onednn_runs_gelu() { return onednn_gelu(); }
+
+}  // namespace cpu
 
 at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate) {
   const bool tanh = gelu_is_tanh(approximate, "gelu");
@@ -85,6 +142,9 @@ at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate) {
   if (self.scalar_type() == at::kFloat && !tanh && onednn_gelu()) {
     at::Tensor out_flat = flat(out);
     at::gelu_out(out_flat, flat(self), approximate);
+    if (!self.is_contiguous()) {  // eager runs ATen's own kernel here
+      cpu::gelu_overflow_as_aten(self.const_data_ptr<float>(), out.mutable_data_ptr<float>(), out.numel());
+    }
     return out;
   }
   AT_DISPATCH_FLOATING_TYPES(self.scalar_type(), "fxfuse::gelu_cpu", [&] {

@@ -11,6 +11,8 @@
 // switches the target ISA.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 
 #include "capability.h"
@@ -36,5 +38,26 @@ template <typename T>
 const GeluKernelTable<T>& gelu_kernels();
 }  // namespace AVX2
 #endif
+
+// oneDNN's float32 erf-GELU, which eager runs for contiguous input, and ATen's own
+// kernel, which eager runs otherwise, disagree on overflow on some ISAs: oneDNN's
+// AVX-512 kernel returns NaN for +inf and +inf for x >= FLT_MAX / 2, where ATen's
+// returns +inf and x (its AVX2 kernel agrees with ATen's). Both agree elsewhere, up to
+// rounding, and every output that can differ is non-finite or >= kGeluOverflowCheck in
+// magnitude in both. The two fix-ups below give such outputs the value eager has for
+// the layout at hand; they scan the output and touch nothing else.
+constexpr float kGeluOverflowCheck = 1e38f;
+
+// `out` holds oneDNN's GELU of the float32 array `x` (n elements), for a layout where
+// eager runs ATen's kernel: recompute the outputs that can differ with ATen's formula.
+void gelu_overflow_as_aten(const float* x, float* out, int64_t n);
+
+// `out` (contiguous float32) holds the erf-GELU of some z computed with ATen's formula
+// (so an output that can differ equals its z, or is NaN): give those outputs the value
+// oneDNN's GELU, which eager runs for contiguous input, has for them.
+void gelu_overflow_as_onednn(const at::Tensor& out);
+
+// Whether ATen runs oneDNN's GELU for contiguous float32 input (oneDNN built and enabled).
+bool onednn_runs_gelu();
 
 }  // namespace fxfuse::cpu

@@ -21,19 +21,9 @@ from . import estimates
 from .calls import activation_after, as_conv, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
-from .matchers import has_hooks, site_name
+from .matchers import layer_module_problem, site_name
 
 _LINEAR_ARGS = ("input", "weight", "bias")
-
-
-def _linear_problem(m: nn.Module) -> Optional[str]:
-    if type(m).forward is not nn.Linear.forward:
-        return f"{type(m).__name__} overrides Linear.forward"
-    if isinstance(m.weight, nn.parameter.UninitializedParameter):
-        return "LazyLinear is not initialized yet (run one forward first)"
-    if has_hooks(m):
-        return "the Linear module has hooks, which the fused op would not run"
-    return None
 
 
 def _as_linear(node: fx.Node, ctx: PassContext) -> tuple[Optional[dict[str, Any]], Optional[str]]:
@@ -42,7 +32,7 @@ def _as_linear(node: fx.Node, ctx: PassContext) -> tuple[Optional[dict[str, Any]
         m = ctx.modules.get(node.target)
         if not isinstance(m, nn.Linear):
             return None, None
-        problem = _linear_problem(m) or (None if len(node.args) == 1 and not node.kwargs
+        problem = layer_module_problem(m, nn.Linear, "Linear") or (None if len(node.args) == 1 and not node.kwargs
                                          else "unexpected Linear call arguments")
         return (None, problem) if problem else ({}, None)
     if node.op == "call_function" and node.target in (F.linear, torch._C._nn.linear):

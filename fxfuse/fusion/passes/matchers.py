@@ -38,18 +38,27 @@ def has_hooks(m: nn.Module) -> bool:
                 or getattr(m, "_backward_pre_hooks", None))
 
 
+def layer_module_problem(m: nn.Module, base: type, what: str, forward_ok: bool = False) -> Optional[str]:
+    """Why `m`, an instance of `base` (Conv2d, Linear), cannot be fused as one (None if it can).
+
+    `forward_ok`: a subclass forward fxfuse knows (timm's Conv2dSame) is not a problem.
+    """
+    if type(m).forward is not base.forward and not forward_ok:
+        return f"{type(m).__name__} overrides {base.__name__}.forward"
+    if isinstance(m.weight, nn.parameter.UninitializedParameter):
+        return f"Lazy{base.__name__} is not initialized yet (run one forward first)"
+    if has_hooks(m):
+        return f"the {what} module has hooks, which the fused op would not run"
+    return None
+
+
 def conv_module_problem(m: nn.Module) -> Optional[str]:
     """Why module `m` cannot be fused as a Conv2d (None if it can)."""
     if not isinstance(m, nn.Conv2d):
         return f"{type(m).__name__} is not a Conv2d"
-    if type(m)._conv_forward is not nn.Conv2d._conv_forward or (
-            type(m).forward is not nn.Conv2d.forward and not is_conv2d_same(m)):
+    if type(m)._conv_forward is not nn.Conv2d._conv_forward:
         return f"{type(m).__name__} overrides Conv2d.forward"
-    if isinstance(m.weight, nn.parameter.UninitializedParameter):
-        return "LazyConv2d is not initialized yet (run one forward first)"
-    if has_hooks(m):
-        return "the conv module has hooks, which the fused op would not run"
-    return None
+    return layer_module_problem(m, nn.Conv2d, "conv", forward_ok=is_conv2d_same(m))
 
 
 def bn_module_problem(m: nn.Module) -> Optional[str]:
@@ -198,5 +207,6 @@ def site_name(node: fx.Node) -> str:
 
 
 __all__ = ["Activation", "activation_of", "bn_module_problem", "conv_module_problem", "first_input",
+           "layer_module_problem",
            "is_bn_function", "is_conv_function", "module_activation", "module_of", "node_scope",
            "norm_act_activation", "reads_only_metadata", "single_user", "site_name"]

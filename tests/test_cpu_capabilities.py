@@ -1,0 +1,60 @@
+"""The op-level tests under every CPU capability ATen can pick on this CPU.
+
+ATen picks its CPU kernels (DEFAULT, AVX2, AVX512) at start-up, and
+ATEN_CPU_CAPABILITY lowers the choice; fxfuse's hand-written kernels follow it
+(baseline build for DEFAULT, AVX2 build otherwise). The main pytest run covers the
+capability this process got; this test reruns the op-level files in a subprocess for
+each other capability the CPU supports, so an AVX2 machine also exercises DEFAULT and
+an AVX-512 machine all three.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fxfuse import _extension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OP_TESTS = ["test_cpu_kernels.py", "test_gelu_ops.py", "test_bn_act_elementwise.py"]
+CAPABILITIES = ["default", "avx2", "avx512"]
+
+pytestmark = [
+    pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built"),
+    pytest.mark.skipif(os.environ.get("FXFUSE_CAPABILITY_RUN") is not None,
+                       reason="already inside a per-capability run"),
+]
+
+
+def _env(capability):
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, FXFUSE_CAPABILITY_RUN=capability)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _picked(capability):
+    """The capability ATen runs with ATEN_CPU_CAPABILITY=capability ("DEFAULT", "AVX2",
+    ...); ATen falls back to what the CPU has when it lacks the one asked for."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+        env=_env(capability), capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_op_tests_under_capability(capability):
+    picked = _picked(capability)
+    if picked != capability.upper():
+        pytest.skip(f"this CPU cannot run ATen's {capability} kernels (ATen picks {picked})")
+    if picked == torch.backends.cpu.get_cpu_capability():
+        pytest.skip(f"{picked} is this run's own capability: the op tests already ran under it")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         *[os.path.join(HERE, f) for f in OP_TESTS]],
+        env=_env(capability), cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"op tests failed under ATEN_CPU_CAPABILITY={capability}:\n" + \
+        proc.stdout[-6000:] + proc.stderr[-2000:]
