@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 MEMORY_FORMATS = ("preserve", "channels_last", "auto")
 _TIMING_REPEATS = 3
@@ -79,20 +80,10 @@ def _step_seconds(model: nn.Module, inputs: tuple) -> tuple[float, float]:
         for name, (m, x) in runs.items():
             start = time.perf_counter()
             out = m(*x)
-            loss = sum(t.float().sum() for t in _tensors(out) if t.requires_grad)
+            loss = sum(t.float().sum() for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad)
             if isinstance(loss, torch.Tensor):
                 loss.backward()
             if repeat:  # the first round warms up
                 times[name].append(time.perf_counter() - start)
     median = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
     return median["current"], median["channels_last"]
-
-
-def _tensors(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _tensors(o)]
-    return []

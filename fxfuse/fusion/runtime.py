@@ -17,8 +17,7 @@ from torch import Tensor, nn
 
 from .. import ops
 from ..ops.checks import apply_activation, kernels_apply, layer_kernels_apply
-from .passes import known_modules
-from .passes.known_modules import is_conv2d_same, is_norm_act
+from .passes.known_modules import is_conv2d_same, is_norm_act, pad_same
 
 
 def bn_call_config(bn: nn.BatchNorm2d) -> tuple[Optional[Tensor], Optional[Tensor], bool, float]:
@@ -45,7 +44,7 @@ def _conv_input(x: Tensor, conv: nn.Conv2d) -> tuple[Tensor, Any]:
     """(input, padding) of the F.conv2d call `conv(x)` makes: Conv2dSame pads "same" from the input size,
     padding modes other than zeros pad first; both then convolve without padding."""
     if is_conv2d_same(conv):
-        return known_modules.pad_same(x, conv), (0, 0)
+        return pad_same(x, conv), (0, 0)
     if conv.padding_mode != "zeros":
         return F.pad(x, conv._reversed_padding_repeated_twice, mode=conv.padding_mode), (0, 0)
     return x, conv.padding
