@@ -28,7 +28,7 @@ setup: $(DEPS)
 
 build: $(BUILT)
 
-test: $(BUILT) cuda-check
+test: $(BUILT) cuda-check lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The whole model zoo (tests/timm_zoo.py, tests/dense_zoo.py): `make test` runs only its

@@ -4,6 +4,7 @@ Environment:
   FXFUSE_CUDA=1   also compile the CUDA registration with nvcc (compile-only where no GPU)
   FXFUSE_DEBUG=1  build without optimisation, with debug symbols
 """
+
 import glob
 import os
 

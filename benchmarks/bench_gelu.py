@@ -11,6 +11,7 @@ Sections (each prints a table and its targets):
                 (where the standalone-GELU pass's choice comes from)
 Times are medians of interleaved repeats, so drift hits eager and fxfuse alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,24 +71,36 @@ def bn_gelu_section(repeats: int, channels_last: bool) -> None:
         def run():
             x.grad = None
             m(x).backward(grad)
+
         return run
 
     times = measure.median_step_times({"eager": step(model), "fast": step(fast)}, repeats=repeats, warmup=2)
     ratio = times["fast"] / times["eager"]
     layout = "channels_last" if channels_last else "contiguous"
     print(f"\nBatchNorm2d(64) -> GELU, [16, 64, 56, 56] {layout}, forward + backward ({repeats} repeats)")
-    print(tabulate([("eager", f"{times['eager'] * 1e3:.2f} ms", "1"),
-                    ("fxfuse fast", f"{times['fast'] * 1e3:.2f} ms", f"{ratio:.3f}")],
-                   headers=["variant", "time", "ratio"]))
+    print(
+        tabulate(
+            [
+                ("eager", f"{times['eager'] * 1e3:.2f} ms", "1"),
+                ("fxfuse fast", f"{times['fast'] * 1e3:.2f} ms", f"{ratio:.3f}"),
+            ],
+            headers=["variant", "time", "ratio"],
+        )
+    )
     print(target("time", ratio, 0.75))
 
 
 def gelu_section(repeats: int) -> None:
-    cases = [((16, 64, 56, 56), fmt, approximate) for fmt in ("contiguous", "channels_last")
-             for approximate in ("none", "tanh")]
+    cases = [
+        ((16, 64, 56, 56), fmt, approximate)
+        for fmt in ("contiguous", "channels_last")
+        for approximate in ("none", "tanh")
+    ]
     cases += [((2, 197, 3072), "contiguous", "none")]
-    cases += [(shape, "channels_last", "none") for shape in ((4, 384, 28, 28), (4, 64, 64, 64), (2, 64, 28, 28),
-                                                             (2, 64, 14, 14))]
+    cases += [
+        (shape, "channels_last", "none")
+        for shape in ((4, 384, 28, 28), (4, 64, 64, 64), (2, 64, 28, 28), (2, 64, 14, 14))
+    ]
     rows = []
     for shape, fmt, approximate in cases:
         x = torch.randn(shape)
@@ -100,22 +113,35 @@ def gelu_section(repeats: int) -> None:
             def run():
                 x.grad = None
                 fn(x, approximate).backward(grad)
+
             return run
 
         times = measure.median_step_times(
             {"eager": step(lambda t, a: F.gelu(t, approximate=a)), "fxfuse": step(fxfuse.ops.gelu)},
-            repeats=repeats, warmup=2)
-        rows.append((str(list(shape)), fmt, approximate, f"{times['eager'] * 1e3:.3f} ms",
-                     f"{times['fxfuse'] * 1e3:.3f} ms", f"{times['fxfuse'] / times['eager']:.3f}"))
+            repeats=repeats,
+            warmup=2,
+        )
+        rows.append(
+            (
+                str(list(shape)),
+                fmt,
+                approximate,
+                f"{times['eager'] * 1e3:.3f} ms",
+                f"{times['fxfuse'] * 1e3:.3f} ms",
+                f"{times['fxfuse'] / times['eager']:.3f}",
+            )
+        )
         log(f"gelu {rows[-1]}")
     print(f"\nstandalone GELU, forward + backward ({repeats} interleaved repeats)")
     print(tabulate(rows, headers=["shape", "layout", "approximate", "F.gelu", "fxfuse.ops.gelu", "ratio"]))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[3:]))
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[3:]),
+    )
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing repeats per section")
     parser.add_argument("--micro-repeats", type=int, default=31, help="repeats of the bn_gelu and gelu timings")

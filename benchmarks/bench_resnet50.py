@@ -6,6 +6,7 @@ Prints saved activation bytes, resident memory at the end of forward, and median
 train-step time, each with its ratio to eager. Targets (issue: core): saved <= 0.50x,
 resident <= 0.55x, step time <= 1.25x.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ def main() -> None:
     torch.manual_seed(0)
     model = torchvision.models.get_model(args.model, weights=None)
     x = torch.randn(args.batch, 3, args.size, args.size)
-    print(f"{args.model} batch {args.batch} {args.size}x{args.size} float32, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads", file=sys.stderr)
+    print(
+        f"{args.model} batch {args.batch} {args.size}x{args.size} float32, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads",
+        file=sys.stderr,
+    )
     variants = bench.variants_for(model, args.modes.split(","))
     rows = bench.compare(variants, (x,), repeats=args.repeats, log=lambda s: print(s, file=sys.stderr))
     print(bench.render(rows))

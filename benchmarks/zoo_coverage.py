@@ -95,8 +95,15 @@ def _coverage(fused: int, sites: int) -> str:
     return f"{100 * fused / sites:.0f}%" if sites else "-"
 
 
-_HEADERS = ("input", "BN layers", "Conv→BN sites", "fused", "coverage", "not fused (sites: reason)",
-            "saved bytes vs eager")
+_HEADERS = (
+    "input",
+    "BN layers",
+    "Conv→BN sites",
+    "fused",
+    "coverage",
+    "not fused (sites: reason)",
+    "saved bytes vs eager",
+)
 
 
 def family_table(rows: list[ModelRow]) -> str:

@@ -8,6 +8,7 @@ ConvNeXt is a good first subject: its NHWC permutes show up as info (views, no c
 the gradient of its global average pool comes back NCHW, which the last stage's backward
 then pays for.
 """
+
 import argparse
 import collections
 import time
@@ -29,8 +30,16 @@ def summary_row(name: str, shape: tuple[int, ...], report: ChannelsLastReport, s
         top[f"{finding.op} ({finding.phase[0]})"] += finding.count
     top_ops = ", ".join(f"{op} x{n}" for op, n in top.most_common(2)) or "-"
     shape_text = "x".join(map(str, shape))
-    return [name, shape_text, sites_and_calls("forward"), sites_and_calls("backward"), top_ops,
-            len(report.info), len(report.ambiguous), f"{seconds:.1f}"]
+    return [
+        name,
+        shape_text,
+        sites_and_calls("forward"),
+        sites_and_calls("backward"),
+        top_ops,
+        len(report.info),
+        len(report.ambiguous),
+        f"{seconds:.1f}",
+    ]
 
 
 def main() -> None:
@@ -57,8 +66,16 @@ def main() -> None:
             print(report)
             print(f"\naudited in {seconds:.1f} s; ok={report.ok}\n")
     if args.summary:
-        headers = ["model", "input", "forward losses (sites / calls)", "backward losses (sites / calls)",
-                   "top ops (f/b)", "info", "ambiguous", "seconds"]
+        headers = [
+            "model",
+            "input",
+            "forward losses (sites / calls)",
+            "backward losses (sites / calls)",
+            "top ops (f/b)",
+            "info",
+            "ambiguous",
+            "seconds",
+        ]
         print(tabulate(rows, headers=headers, tablefmt="github"))
 
 

@@ -10,6 +10,7 @@ on CUDA at batch 2048).
 
     python examples/conv_bn_tutorial.py [--batch 2048] [--steps 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,8 +92,10 @@ def main() -> None:
         rows[name] = (saved, rss)
     for name, (saved, rss) in rows.items():
         print(f"{name:8s} saved for backward {saved / 1e9:.3f} GB   resident at end of forward {rss / 1e9:.3f} GB")
-    print(f"ratio    saved {rows['fxfuse'][0] / rows['unfused'][0]:.3f}   resident "
-          f"{rows['fxfuse'][1] / rows['unfused'][1]:.3f}")
+    print(
+        f"ratio    saved {rows['fxfuse'][0] / rows['unfused'][0]:.3f}   resident "
+        f"{rows['fxfuse'][1] / rows['unfused'][1]:.3f}"
+    )
 
     batches = [(torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))) for _ in range(args.steps)]
     with torch.random.fork_rng():

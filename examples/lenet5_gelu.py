@@ -3,6 +3,7 @@ with and without fxfuse: same losses, fewer bytes kept for backward.
 
     python examples/lenet5_gelu.py [--batch 256] [--steps 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,10 @@ def main() -> None:
     print(fused.fxfuse_report, end="\n\n")
     saved_eager = measure.saved_activation_bytes(eager, (x,))
     saved_fused = measure.saved_activation_bytes(fused, (x,))
-    print(f"saved for backward: eager {saved_eager / 2**20:.2f} MiB, fxfuse {saved_fused / 2**20:.2f} MiB "
-          f"({saved_fused / saved_eager:.3f}x)")
+    print(
+        f"saved for backward: eager {saved_eager / 2**20:.2f} MiB, fxfuse {saved_fused / 2**20:.2f} MiB "
+        f"({saved_fused / saved_eager:.3f}x)"
+    )
     batches = [(torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))) for _ in range(args.steps)]
     print("losses, eager: ", " ".join(f"{v:.6f}" for v in train(eager, batches)))
     print("losses, fxfuse:", " ".join(f"{v:.6f}" for v in train(fused, batches)))

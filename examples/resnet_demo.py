@@ -4,6 +4,7 @@ layouts (NCHW and channels_last) and the faster one is the baseline; fxfuse runs
 
     python examples/resnet_demo.py [--model resnet18] [--batch 8] [--size 128]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,15 @@ def main() -> None:
     model = torchvision.models.get_model(args.model, weights=None)
     x = torch.randn(args.batch, 3, args.size, args.size)
     layout = torch.channels_last
-    variants = {name: bench.make_variant(name, model, (x,), memory_format=layout)
-                for name in ("eager", bench.EAGER_CHANNELS_LAST, "memory")}
+    variants = {
+        name: bench.make_variant(name, model, (x,), memory_format=layout)
+        for name in ("eager", bench.EAGER_CHANNELS_LAST, "memory")
+    }
     print(variants["memory"].fxfuse_report, end="\n\n")
-    print(f"{args.model}, batch {args.batch}, {args.size}x{args.size}, float32, CPU "
-          f"({torch.get_num_threads()} threads); memory = fxfuse.optimize(mode='memory') in channels_last:")
+    print(
+        f"{args.model}, batch {args.batch}, {args.size}x{args.size}, float32, CPU "
+        f"({torch.get_num_threads()} threads); memory = fxfuse.optimize(mode='memory') in channels_last:"
+    )
     print(bench.render(bench.compare(variants, (x,), repeats=3, memory_format=layout)))
 
 

@@ -3,6 +3,7 @@
 A failed build or load is remembered and reported, with the fix, the first time an
 op is used, instead of surfacing later as "operator fxfuse::... does not exist".
 """
+
 from __future__ import annotations
 
 import torch  # noqa: F401  (loads libtorch/libc10, which fxfuse._C links against)
@@ -34,8 +35,11 @@ def require() -> None:
     """Raise a clear error if the C++ extension is not available."""
     if _C is None:
         built = built_against()
-        mismatch = (f" It was built against torch {built}, but this process runs torch {torch.__version__}."
-                    if built and built != torch.__version__ else "")
+        mismatch = (
+            f" It was built against torch {built}, but this process runs torch {torch.__version__}."
+            if built and built != torch.__version__
+            else ""
+        )
         raise ExtensionNotLoadedError(
             "fxfuse's C++ extension (fxfuse._C) failed to load: "
             f"{type(_load_error).__name__}: {_load_error}.{mismatch} "

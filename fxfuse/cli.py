@@ -1,4 +1,5 @@
 """`fxfuse` command line: optimize, audit, verify, bench."""
+
 from __future__ import annotations
 
 import argparse

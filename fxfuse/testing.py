@@ -29,6 +29,7 @@ The backward is taken of a fixed random projection of the outputs, not of their 
 cancel for a constant upstream gradient (batch norm's mean-subtraction terms, say)
 would then go unchecked.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -410,9 +411,7 @@ def _is_namedtuple(value: Any) -> bool:
 # --------------------------------------------------------------------------- preparing copies
 
 
-def validate_options(
-    steps: int, dtype: Optional[torch.dtype], rtol: Optional[float], atol: Optional[float]
-) -> None:
+def validate_options(steps: int, dtype: Optional[torch.dtype], rtol: Optional[float], atol: Optional[float]) -> None:
     """Raise ConfigurationError for arguments that verify/assert_equivalent cannot use."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ConfigurationError(f"steps must be a non-negative int, got {steps!r}")
@@ -524,9 +523,7 @@ def _detach(value: Any) -> Any:
     return value.detach() if isinstance(value, Tensor) else value
 
 
-def _forward_backward(
-    model: nn.Module, inputs: tuple[Any, ...], seed: int, cuda_devices: list[int]
-) -> _StepRecord:
+def _forward_backward(model: nn.Module, inputs: tuple[Any, ...], seed: int, cuda_devices: list[int]) -> _StepRecord:
     """Forward and projected backward; returns what to compare."""
     params = _named_clones(model.named_parameters())
     leaves, args = _fresh_inputs(inputs)

@@ -1,4 +1,5 @@
 """`fxfuse.verify`: check, on your own model, that fxfuse's rewrite trains exactly like it."""
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Each defect changes the first module of its kind in place (a class swap or a wei
 edit) and says which check and tensor must then fail: `plant(name, model)` returns
 (kind, tensor name) of the expected failure.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,9 @@ class IgnoresEvalBatchNorm(nn.BatchNorm2d):
     def forward(self, x):
         if self.training:
             self.num_batches_tracked += 1
-        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum,
-                            self.eps)
+        return F.batch_norm(
+            x, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps
+        )
 
 
 class FrozenCountBatchNorm(nn.BatchNorm2d):
@@ -67,7 +69,7 @@ def _first(model: nn.Module, kind: type) -> tuple[str, nn.Module]:
 def _following_batch_norm(model: nn.Module, conv: str) -> str | None:
     """The module registered right after `conv` if it is a BatchNorm2d (how torchvision builds Conv→BN)."""
     names = [name for name, _ in model.named_modules()]
-    after = names[names.index(conv) + 1:][:1]
+    after = names[names.index(conv) + 1 :][:1]
     return after[0] if after and isinstance(model.get_submodule(after[0]), nn.BatchNorm2d) else None
 
 

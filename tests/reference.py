@@ -1,4 +1,5 @@
 """Plain-PyTorch references for the fused ops: the truth the kernels are tested against."""
+
 from __future__ import annotations
 
 import torch.nn.functional as F
@@ -6,8 +7,24 @@ import torch.nn.functional as F
 from fxfuse.ops.checks import apply_activation
 
 
-def conv_bn_act(input, weight, bias, stride, padding, dilation, groups, running_mean, running_var,
-                bn_weight, bn_bias, training, momentum, eps, act, act_param=0.0):
+def conv_bn_act(
+    input,
+    weight,
+    bias,
+    stride,
+    padding,
+    dilation,
+    groups,
+    running_mean,
+    running_var,
+    bn_weight,
+    bn_bias,
+    training,
+    momentum,
+    eps,
+    act,
+    act_param=0.0,
+):
     y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
     y = F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
     return apply_activation(y, act, act_param)

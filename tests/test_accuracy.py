@@ -18,6 +18,7 @@ below compare implementations where that cannot happen: ReLU models whose float6
 pre-activations all stay clear of 0 (asserted), and timm dla34 with its ReLUs made SiLU
 (the same fused kernels, BN statistics and reductions, no kink).
 """
+
 from __future__ import annotations
 
 import copy
@@ -73,7 +74,8 @@ def errors(model, x, mode="memory", autocast=False, channels_last=False, seed=0)
 def assert_as_accurate(errs, floor=FLOOR):
     bad = {n: e for n, e in errs.items() if not e[1] <= 2 * e[0] + floor}
     assert not bad, "fxfuse error > 2x eager's (eager, fxfuse): " + ", ".join(
-        f"{n}: {e[0]:.2e}, {e[1]:.2e}" for n, e in sorted(bad.items()))
+        f"{n}: {e[0]:.2e}, {e[1]:.2e}" for n, e in sorted(bad.items())
+    )
 
 
 def assert_model_as_accurate(errs):
@@ -94,8 +96,11 @@ def clear_of_relu_kinks(model, x, margin=1e-3):
     """Asserts that every float64 ReLU input of `model` is at least `margin` (relative to
     its tensor's largest value) away from 0, far beyond float32 forward error (~1e-6)."""
     closest = []
-    hooks = [m.register_forward_pre_hook(lambda m, i: closest.append(
-        (i[0].abs().min() / i[0].abs().max()).item())) for m in model.modules() if isinstance(m, nn.ReLU)]
+    hooks = [
+        m.register_forward_pre_hook(lambda m, i: closest.append((i[0].abs().min() / i[0].abs().max()).item()))
+        for m in model.modules()
+        if isinstance(m, nn.ReLU)
+    ]
     with torch.no_grad():
         copy.deepcopy(model).double().train()(x.double())
     for h in hooks:

@@ -1,4 +1,5 @@
 """audit_channels_last on small synthetic models whose losers and keepers are known on this torch (CPU)."""
+
 import copy
 import json
 from pathlib import Path

@@ -1,4 +1,5 @@
 """`fxfuse audit`: exit codes, JSON output, error messages."""
+
 import json
 import subprocess
 import sys

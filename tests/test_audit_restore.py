@@ -1,4 +1,5 @@
 """restore_channels_last: an FX pass converting back to channels_last after forward losses."""
+
 import copy
 
 import pytest

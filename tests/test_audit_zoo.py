@@ -5,6 +5,7 @@ cover one model per family; every listed model is audited in fake mode, built on
 device so that not even its weights are allocated. Fake and real must agree, except where
 fake mode itself says its strides may differ (caveats and noted findings).
 """
+
 import functools
 
 import pytest
@@ -38,13 +39,13 @@ EXPECTED_LOSSES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def real_report(name: str) -> ChannelsLastReport:
     torch.manual_seed(0)
     return audit_channels_last(torchvision.models.get_model(name), torch.randn(2, 3, 64, 64))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fake_report(name: str) -> ChannelsLastReport:
     with torch.device("meta"):
         model = torchvision.models.get_model(name)

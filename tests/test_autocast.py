@@ -7,6 +7,7 @@ statistics (statistics computed in float32, output bfloat16), and the activation
 bfloat16. The Autocast kernels of fxfuse::conv_bn_act / conv_act / linear_act
 (csrc/autocast/) cast the same operands and redispatch.
 """
+
 import copy
 
 import pytest
@@ -129,8 +130,9 @@ def test_conv_bn_act_op_casts_like_eager_autocast():
     with torch.autocast("cpu", dtype=BF16):
         ref = F.relu(F.batch_norm(F.conv2d(x, w, b, 1, 1), rm_e, rv_e, g, beta, True, 0.1, 1e-5))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = conv_batch_norm.conv_bn_act(x, w.requires_grad_(), b, 1, 1, 1, 1, rm_f, rv_f, g, beta,
-                                         True, 0.1, 1e-5, "relu")
+            out = conv_batch_norm.conv_bn_act(
+                x, w.requires_grad_(), b, 1, 1, 1, 1, rm_f, rv_f, g, beta, True, 0.1, 1e-5, "relu"
+            )
     assert out.dtype == ref.dtype == BF16
     assert rm_f.dtype == rv_f.dtype == torch.float32
     torch.testing.assert_close(out, ref, **OUT_TOL)
@@ -138,8 +140,7 @@ def test_conv_bn_act_op_casts_like_eager_autocast():
     torch.testing.assert_close(rv_f, rv_e, rtol=1e-2, atol=1e-3)
     # Saved for backward: the bf16 input, weight and conv bias, the float32 BN parameters and
     # batch statistics, no (N, C_out, H, W) activation.
-    assert sorted(str(dt) for shape, dt in saved) == sorted(
-        ["torch.bfloat16"] * 3 + ["torch.float32"] * 4), saved
+    assert sorted(str(dt) for shape, dt in saved) == sorted(["torch.bfloat16"] * 3 + ["torch.float32"] * 4), saved
     assert ((4, 3, 6, 6), BF16) in saved and ((5, 3, 3, 3), BF16) in saved and ((5,), BF16) in saved
 
 
@@ -149,7 +150,10 @@ def test_layer_act_ops_match_eager_autocast_exactly():
     xc, wc = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
     with torch.autocast("cpu", dtype=BF16):
         out, ref = layer_activation.linear_act(x, w, b, "gelu"), F.gelu(F.linear(x, w, b))
-        outc, refc = layer_activation.conv_act(xc, wc, None, padding=1, act="silu"), F.silu(F.conv2d(xc, wc, None, 1, 1))
+        outc, refc = (
+            layer_activation.conv_act(xc, wc, None, padding=1, act="silu"),
+            F.silu(F.conv2d(xc, wc, None, 1, 1)),
+        )
         outg, refg = gelu_activation.gelu(x), F.gelu(x)
     assert out.dtype == ref.dtype == outc.dtype == refc.dtype == BF16 and outg.dtype == refg.dtype == torch.float32
     assert torch.equal(out, ref) and torch.equal(outc, refc) and torch.equal(outg, refg)

@@ -1,4 +1,5 @@
 """fxfuse.measure.bench and `fxfuse bench`: variants, peers, the table and its JSON."""
+
 import copy
 import json
 import mmap
@@ -16,19 +17,40 @@ from fxfuse.measure import bench
 def small_net():
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                      nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.GELU()),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Sequential(
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 1),
+            nn.BatchNorm2d(8),
+            nn.GELU(),
+        ),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
     )
 
 
 def test_variant_names_and_errors():
     assert bench.parse_variants(["memory", "auto"], [0.7], ["checkpoint"]) == [
-        "eager", "memory", "auto", "budget=0.7", "checkpoint"]
+        "eager",
+        "memory",
+        "auto",
+        "budget=0.7",
+        "checkpoint",
+    ]
     assert bench.parse_variants(["memory"], [0.5, 0.3], ["compile-budget"], channels_last_baseline=True) == [
-        "eager", "eager-channels_last", "memory", "budget=0.5", "budget=0.3", "compile-budget=0.5",
-        "compile-budget=0.3"]
+        "eager",
+        "eager-channels_last",
+        "memory",
+        "budget=0.5",
+        "budget=0.3",
+        "compile-budget=0.5",
+        "compile-budget=0.3",
+    ]
     with pytest.raises(ConfigurationError, match="give --budget too"):
         bench.parse_variants(["memory"], [], ["compile-budget"])
     with pytest.raises(ConfigurationError, match="unknown mode"):
@@ -89,8 +111,14 @@ def test_ratios_are_to_the_faster_eager_baseline_and_variants_run_in_their_layou
 
 def test_compile_budgets_are_compiled_separately_and_stay_exact():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                          nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU())
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.GELU(),
+    )
     x = torch.randn(2, 3, 8, 8)
     loose, tight = (bench.make_variant(f"compile-budget={b}", model, (x,)) for b in (1.0, 0.05))
     saved = {b: measure.saved_activation_bytes(m, (x,)) for b, m in ((1.0, loose), (0.05, tight))}
@@ -109,28 +137,57 @@ def _touch_fresh_pages(size: int) -> None:
 
 
 def test_step_peak_counts_memory_freed_before_the_step_ends():
-    peak = measure.step_peak_bytes(lambda: _touch_fresh_pages(64 * 2 ** 20))
+    peak = measure.step_peak_bytes(lambda: _touch_fresh_pages(64 * 2**20))
     if peak is None:
         pytest.skip("this OS cannot reset the resident high-water mark")
-    assert peak >= 60 * 2 ** 20, peak
+    assert peak >= 60 * 2**20, peak
 
 
 def test_cli_bench_json_with_peers(capsys):
-    argv = ["bench", "tests.test_bench:small_net", "--input-shape", "2,3,16,16", "--modes", "fast,memory",
-            "--budget", "0.8", "--with", "checkpoint", "--repeats", "1", "--json"]
+    argv = [
+        "bench",
+        "tests.test_bench:small_net",
+        "--input-shape",
+        "2,3,16,16",
+        "--modes",
+        "fast,memory",
+        "--budget",
+        "0.8",
+        "--with",
+        "checkpoint",
+        "--repeats",
+        "1",
+        "--json",
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
-    assert [r["variant"] for r in result["rows"]] == ["eager", "eager-channels_last", "fast", "memory", "budget=0.8",
-                                                      "checkpoint"]
+    assert [r["variant"] for r in result["rows"]] == [
+        "eager",
+        "eager-channels_last",
+        "fast",
+        "memory",
+        "budget=0.8",
+        "checkpoint",
+    ]
     assert result["memory_format"] == "channels_last" and sum(r["baseline"] for r in result["rows"]) == 1
     assert result["reports"]["budget=0.8"]["budget_met"] is True
     assert "[fxfuse bench] timing train steps" in captured.err  # progress goes to stderr
 
 
 def test_cli_bench_table_with_compile(capsys):
-    argv = ["bench", "tests.test_bench:small_net", "--input-shape", "2,3,8,8", "--modes", "auto",
-            "--with", "compile", "--repeats", "1"]
+    argv = [
+        "bench",
+        "tests.test_bench:small_net",
+        "--input-shape",
+        "2,3,8,8",
+        "--modes",
+        "auto",
+        "--with",
+        "compile",
+        "--repeats",
+        "1",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "compile" in out and "auto: " in out and "train step" in out
@@ -139,8 +196,20 @@ def test_cli_bench_table_with_compile(capsys):
 def test_cli_bench_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path = tmp_path / "frontier.svg"
-    argv = ["bench", "tests.test_bench:small_net", "--input-shape", "2,3,8,8", "--modes", "memory",
-            "--memory-format", "contiguous", "--repeats", "1", "--plot", str(path)]
+    argv = [
+        "bench",
+        "tests.test_bench:small_net",
+        "--input-shape",
+        "2,3,8,8",
+        "--modes",
+        "memory",
+        "--memory-format",
+        "contiguous",
+        "--repeats",
+        "1",
+        "--plot",
+        str(path),
+    ]
     assert main(argv) == 0
     svg = path.read_text()
     assert svg.startswith("<?xml") and "eager-channels_last" in svg and "memory" in svg

@@ -4,7 +4,6 @@ host (csrc/cpu/bn_act_elementwise.cpp), against the generic path and eager PyTor
 This is how the device formulas are checked on machines without a GPU; the CUDA kernels
 add only indexing and the per-channel reduction (tests/test_cuda.py, on a GPU).
 """
-import itertools
 
 import pytest
 import torch
@@ -15,14 +14,26 @@ from fxfuse.ops.checks import apply_activation
 
 pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 
-ACTS = [("none", 0.0), ("relu", 0.0), ("relu6", 0.0), ("leaky_relu", 0.1), ("gelu", 0.0),
-        ("gelu_tanh", 0.0), ("silu", 0.0), ("hardswish", 0.0)]
+ACTS = [
+    ("none", 0.0),
+    ("relu", 0.0),
+    ("relu6", 0.0),
+    ("leaky_relu", 0.1),
+    ("gelu", 0.0),
+    ("gelu_tanh", 0.0),
+    ("silu", 0.0),
+    ("hardswish", 0.0),
+]
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 # float64 / float32: same formulas, only libm vs ATen's erf/exp/tanh and summation order differ.
 # half / bfloat16: z is rounded to the dtype before the activation on both sides; a value near
 # a rounding boundary can land one ulp apart.
-TOL = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 2e-2),
-       torch.float16: (2e-3, 2e-3)}
+TOL = {
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-5, 1e-5),
+    torch.bfloat16: (1.6e-2, 2e-2),
+    torch.float16: (2e-3, 2e-3),
+}
 
 
 def _C():
@@ -31,7 +42,7 @@ def _C():
 
 def _data(dtype, channels_last, seed=0):
     g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(3, 5, 4, 6, generator=g, dtype=torch.float64) * 2.5 + 0.3)
+    x = torch.randn(3, 5, 4, 6, generator=g, dtype=torch.float64) * 2.5 + 0.3
     # exact edge points of the piecewise activations (after normalisation with mean 0, var 1)
     x[0, 0, 0, :6] = torch.tensor([-3.0, 3.0, 0.0, 6.0, -6.0, 0.5])
     dy = torch.randn(x.shape, generator=g, dtype=torch.float64)
@@ -93,8 +104,7 @@ def test_float64_matches_eager_autograd(act, p):
 @pytest.mark.parametrize("act,p", [a for a in ACTS if a[0] != "none"])
 def test_activation_formulas_match_aten_at_edges(act, p):
     # channel 0 of _data has z == x, with x = -3, 3, 0, 6, -6, 0.5 at its first positions
-    z = torch.tensor([-3.0, 3.0, 0.0, 6.0, -6.0, 0.5, float("nan"), float("inf"), -float("inf")],
-                     dtype=torch.float64)
+    z = torch.tensor([-3.0, 3.0, 0.0, 6.0, -6.0, 0.5, float("nan"), float("inf"), -float("inf")], dtype=torch.float64)
     x = z.view(1, 1, 1, -1)
     one, zero = torch.ones(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
     var = one - 1e-5
@@ -103,8 +113,11 @@ def test_activation_formulas_match_aten_at_edges(act, p):
     ref = apply_activation(zr, act, p)
     torch.testing.assert_close(out, ref.detach(), equal_nan=True)
     dy = torch.ones_like(x)
-    gi = _C().elementwise_bn_act_backward(dy, x, zero, var, None, None, 1e-5, act, p, False,
-                                          [True, False, False])[0].flatten()
+    gi = (
+        _C()
+        .elementwise_bn_act_backward(dy, x, zero, var, None, None, 1e-5, act, p, False, [True, False, False])[0]
+        .flatten()
+    )
     (want,) = torch.autograd.grad(ref, zr, torch.ones_like(z))
     finite = torch.isfinite(z)
     torch.testing.assert_close(gi[finite], want[finite])

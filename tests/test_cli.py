@@ -1,4 +1,5 @@
 """The `fxfuse` command line: optimize (the other sub-commands test their own)."""
+
 import json
 import subprocess
 import sys
@@ -15,8 +16,10 @@ def test_optimize_prints_the_report(capsys):
 
 
 def test_optimize_json_and_fast_mode(capsys):
-    assert main(["optimize", "torchvision:mobilenet_v3_small", "--input-shape", "1,3,32,32", "--mode", "fast",
-                 "--json"]) == 0
+    assert (
+        main(["optimize", "torchvision:mobilenet_v3_small", "--input-shape", "1,3,32,32", "--mode", "fast", "--json"])
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["mode"] == "fast" and report["fused"]
     assert all(site["op"] == "fxfuse::batch_norm_act" for site in report["fused"])
@@ -29,11 +32,13 @@ def test_factory_spec(capsys):
 
 def small_model():
     from torch import nn
+
     return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
 
 
-@pytest.mark.parametrize("argv", [["optimize", "torchvision:resnet18"],
-                                  ["optimize", "torchvision:resnet18", "--input-shape", "a,b"]])
+@pytest.mark.parametrize(
+    "argv", [["optimize", "torchvision:resnet18"], ["optimize", "torchvision:resnet18", "--input-shape", "a,b"]]
+)
 def test_usage_errors_exit_2(argv):
     with pytest.raises(SystemExit) as exc:
         main(argv)

@@ -7,6 +7,7 @@ capability this process got; this test reruns the op-level files in a subprocess
 each other capability the CPU supports, so an AVX2 machine also exercises DEFAULT and
 an AVX-512 machine all three.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ CAPABILITIES = ["default", "avx2", "avx512"]
 
 pytestmark = [
     pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built"),
-    pytest.mark.skipif(os.environ.get("FXFUSE_CAPABILITY_RUN") is not None,
-                       reason="already inside a per-capability run"),
+    pytest.mark.skipif(
+        os.environ.get("FXFUSE_CAPABILITY_RUN") is not None, reason="already inside a per-capability run"
+    ),
 ]
 
 
@@ -41,7 +43,11 @@ def _picked(capability):
     ...); ATen falls back to what the CPU has when it lacks the one asked for."""
     out = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-        env=_env(capability), capture_output=True, text=True, check=True)
+        env=_env(capability),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -53,8 +59,21 @@ def test_op_tests_under_capability(capability):
     if picked == torch.backends.cpu.get_cpu_capability():
         pytest.skip(f"{picked} is this run's own capability: the op tests already ran under it")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         *[os.path.join(HERE, f) for f in OP_TESTS]],
-        env=_env(capability), cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, f"op tests failed under ATEN_CPU_CAPABILITY={capability}:\n" + \
-        proc.stdout[-6000:] + proc.stderr[-2000:]
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            *[os.path.join(HERE, f) for f in OP_TESTS],
+        ],
+        env=_env(capability),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, (
+        f"op tests failed under ATEN_CPU_CAPABILITY={capability}:\n" + proc.stdout[-6000:] + proc.stderr[-2000:]
+    )

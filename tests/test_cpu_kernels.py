@@ -5,6 +5,7 @@ On CPU tensors, torch.ops.fxfuse.{bn_stats,bn_act,bn_act_backward} dispatch to t
 hand-written kernels; the generic ATen implementations are reachable directly as
 fxfuse._C.generic_*.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -106,9 +107,7 @@ def close(actual, expected, t, scale=1.0, equal_nan=False):
     assert actual.shape == expected.shape and actual.dtype == expected.dtype
     finite = expected[torch.isfinite(expected)]
     mag = float(finite.abs().max()) if finite.numel() else 0.0
-    torch.testing.assert_close(
-        actual, expected, rtol=t, atol=t * scale * (1.0 + mag), equal_nan=equal_nan
-    )
+    torch.testing.assert_close(actual, expected, rtol=t, atol=t * scale * (1.0 + mag), equal_nan=equal_nan)
 
 
 def same_layout(out, ref_input):
@@ -300,7 +299,9 @@ def test_non_dense_input_falls_back():
     dy = make_input(tuple(x.shape), torch.float64, "contiguous", seed=3)
     w, b, mean, var = make_params(4, torch.float64)
     close(ops.bn_stats(x)[1], _C.generic_bn_stats(x)[1], 1e-12)
-    close(ops.bn_act(x, mean, var, w, b, EPS, "gelu", 0.0), _C.generic_bn_act(x, mean, var, w, b, EPS, "gelu", 0.0), 1e-12)
+    close(
+        ops.bn_act(x, mean, var, w, b, EPS, "gelu", 0.0), _C.generic_bn_act(x, mean, var, w, b, EPS, "gelu", 0.0), 1e-12
+    )
     got = ops.bn_act_backward(dy, x, mean, var, w, b, EPS, "gelu", 0.0, True, [True] * 3)
     ref = grads_generic(dy, x, mean, var, w, b, "gelu", 0.0, True, [True] * 3)
     for a, r in zip(got, ref):
@@ -312,7 +313,11 @@ def test_mixed_parameter_dtypes():
     x = make_input((2, 3, 4, 5), torch.float32, "contiguous")
     dy = make_input((2, 3, 4, 5), torch.float32, "contiguous", seed=6)
     w, b, mean, var = make_params(3, torch.float64)
-    close(ops.bn_act(x, mean, var, w, b, EPS, "relu6", 0.0), _C.generic_bn_act(x, mean, var, w, b, EPS, "relu6", 0.0), 1e-5)
+    close(
+        ops.bn_act(x, mean, var, w, b, EPS, "relu6", 0.0),
+        _C.generic_bn_act(x, mean, var, w, b, EPS, "relu6", 0.0),
+        1e-5,
+    )
     got = ops.bn_act_backward(dy, x, mean, var, w, b, EPS, "relu6", 0.0, False, [True] * 3)
     ref = grads_generic(dy, x, mean, var, w, b, "relu6", 0.0, False, [True] * 3)
     assert got[1].dtype == torch.float64 and got[2].dtype == torch.float64
@@ -336,7 +341,9 @@ def test_reduced_precision_uses_a_correct_path(dtype, lay, act, p):
     out = ops.bn_act(x, mean, var, w, b, EPS, act, p)
     assert out.dtype == dtype
     same_layout(out, x)
-    ref = eager_act(F.batch_norm(x.double(), mean.double(), var.double(), w.double(), b.double(), False, 0.0, EPS), act, p)
+    ref = eager_act(
+        F.batch_norm(x.double(), mean.double(), var.double(), w.double(), b.double(), False, 0.0, EPS), act, p
+    )
     close(out.double(), ref, 2e-2)
     got = ops.bn_act_backward(dy, x, mean, var, w, b, EPS, act, p, True, [True] * 3)
     gen = grads_generic(dy, x, mean, var, w, b, act, p, True, [True] * 3)
@@ -616,7 +623,10 @@ def test_default_capability_build():
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
     res = subprocess.run(
         [sys.executable, "-c", _DEFAULT_CAPABILITY_SCRIPT],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 0, res.stderr[-4000:]
     assert "OK" in res.stdout

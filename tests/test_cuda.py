@@ -6,11 +6,11 @@ skip with the reason. Where no GPU exists, `make test` still compiles the CUDA k
 (`make cuda-check`) and tests/test_bn_act_elementwise.py checks their per-element math
 on the host.
 """
+
 import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import fxfuse
@@ -20,13 +20,24 @@ HAS_GPU = torch.cuda.is_available()
 HAS_CUDA_KERNELS = _extension.loaded() and torch._C._dispatch_has_kernel_for_dispatch_key("fxfuse::bn_act", "CUDA")
 
 needs_gpu = pytest.mark.skipif(
-    not HAS_GPU, reason="needs a CUDA GPU (torch.cuda.is_available() is False); the CUDA kernels are only "
-    "compiled on this machine (make cuda-check)")
+    not HAS_GPU,
+    reason="needs a CUDA GPU (torch.cuda.is_available() is False); the CUDA kernels are only "
+    "compiled on this machine (make cuda-check)",
+)
 needs_cuda_kernels = pytest.mark.skipif(
-    HAS_GPU and not HAS_CUDA_KERNELS, reason="fxfuse._C was built without FXFUSE_CUDA=1: no CUDA kernels registered")
+    HAS_GPU and not HAS_CUDA_KERNELS, reason="fxfuse._C was built without FXFUSE_CUDA=1: no CUDA kernels registered"
+)
 
-ACTS = [("none", 0.0), ("relu", 0.0), ("relu6", 0.0), ("leaky_relu", 0.1), ("gelu", 0.0),
-        ("gelu_tanh", 0.0), ("silu", 0.0), ("hardswish", 0.0)]
+ACTS = [
+    ("none", 0.0),
+    ("relu", 0.0),
+    ("relu6", 0.0),
+    ("leaky_relu", 0.1),
+    ("gelu", 0.0),
+    ("gelu_tanh", 0.0),
+    ("silu", 0.0),
+    ("hardswish", 0.0),
+]
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
@@ -65,9 +76,17 @@ def test_cuda_kernels_match_generic(act, p, dtype, channels_last):
 
 def _cnn():
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.GELU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 16),
+        nn.GELU(),
+        nn.Linear(16, 4),
     )
 
 

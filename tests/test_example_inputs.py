@@ -3,6 +3,7 @@
 Every place where fxfuse.optimize catches an exception and carries on is tested here
 with an input that makes it fail: it either raises, or leaves a note in the report.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -25,14 +26,17 @@ def assert_unchanged(model: nn.Module, before) -> None:
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
 
-@pytest.mark.parametrize("call", [
-    dict(fn="optimize"),
-    dict(fn="optimize", memory_budget=0.5),
-    dict(fn="optimize", mode="auto"),
-    dict(fn="explain"),
-    dict(fn="explain", memory_budget=0.5),
-    dict(fn="explain", mode="auto"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        dict(fn="optimize"),
+        dict(fn="optimize", memory_budget=0.5),
+        dict(fn="optimize", mode="auto"),
+        dict(fn="explain"),
+        dict(fn="explain", memory_budget=0.5),
+        dict(fn="explain", mode="auto"),
+    ],
+)
 def test_inputs_eager_rejects_raise_one_line_and_print_nothing(call, capfd):
     kwargs = dict(call)
     fn = getattr(fxfuse, kwargs.pop("fn"))
@@ -49,7 +53,9 @@ def test_inputs_eager_rejects_raise_one_line_and_print_nothing(call, capfd):
 
 
 def test_wrong_number_of_arguments_is_eagers_type_error():
-    with pytest.raises(ConfigurationError, match=r"example_inputs do not fit Sequential: eager PyTorch raises TypeError"):
+    with pytest.raises(
+        ConfigurationError, match=r"example_inputs do not fit Sequential: eager PyTorch raises TypeError"
+    ):
         fxfuse.optimize(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), (torch.randn(1, 3, 8, 8), 2))
 
 
@@ -102,5 +108,6 @@ def test_untraceable_forward_falls_back_to_submodules_and_says_so():
             return self.block(x) if x.sum() > 0 else self.block(-x)  # control flow: not traceable
 
     report = fxfuse.explain(Branchy(), torch.randn(2, 3, 8, 8))
-    assert report.fused and any("forward is not traceable" in n and "optimizing its submodules" in n
-                                for n in report.notes)
+    assert report.fused and any(
+        "forward is not traceable" in n and "optimizing its submodules" in n for n in report.notes
+    )

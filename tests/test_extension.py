@@ -1,4 +1,5 @@
 """fxfuse._C loading: a failed load names the torch the extension was built against."""
+
 import pytest
 import torch
 

@@ -4,6 +4,7 @@ Two ranks, gloo, CPU, float64: both ranks build the same model, each trains the 
 and the optimized copy, each wrapped with fully_shard, for two SGD steps on its own
 data; the full (unsharded) gradients and parameters must match to 1e-9.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,9 +24,15 @@ fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
 
 def small_cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
     )
 
 
@@ -56,7 +63,7 @@ def _worker(rank: int, world: int, init_file: str, order: str, results) -> None:
             optimized = fully_shard(fxfuse.optimize(copy.deepcopy(base)))
         else:
             optimized = fxfuse.optimize(fully_shard(copy.deepcopy(base)))
-        fused = len(getattr(optimized, "fxfuse_report").fused)
+        fused = len(optimized.fxfuse_report.fused)
         (g_eager, p_eager), (g_opt, p_opt) = _train(eager, rank), _train(optimized, rank)
         worst = max(
             (a - b).abs().max().item() / max(a.abs().max().item(), 1e-300)

@@ -8,6 +8,7 @@ structure — and so every site fxfuse rewrites — is the same as in the full m
 ConvNeXt-Tiny and EfficientNet-B0 run at full size; their float64 runs are in
 test_passes_linear_conv_act.py and test_zoo.py.
 """
+
 import copy
 from collections import Counter
 
@@ -24,23 +25,39 @@ from fxfuse.testing import assert_equivalent
 
 def vit_b_16_small():
     # vit_b_16: patch 16, 12 layers, 12 heads, width 768, MLP 3072 (Linear→GELU→Dropout→Linear).
-    return VisionTransformer(image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=32,
-                             mlp_dim=128, num_classes=10)
+    return VisionTransformer(
+        image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=128, num_classes=10
+    )
 
 
 def swin_t_small():
     # swin_t: embed 96, depths [2, 2, 6, 2], heads [3, 6, 12, 24], window 7. Two blocks per stage keep
     # the shifted-window block; window 4 at 32x32 input still shifts in the first stage.
-    return SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8],
-                           window_size=[4, 4], stochastic_depth_prob=0.2, num_classes=10)
+    return SwinTransformer(
+        patch_size=[4, 4],
+        embed_dim=16,
+        depths=[2, 2, 2, 2],
+        num_heads=[1, 2, 4, 8],
+        window_size=[4, 4],
+        stochastic_depth_prob=0.2,
+        num_classes=10,
+    )
 
 
 def maxvit_t_small():
     # maxvit_t: stem 64, channels [64, 128, 256, 512], layers [2, 2, 5, 2], head dim 32, partition 7
     # (which needs 224x224). Partition 2 works at 32x32 with three stages (16 -> 8, 4, 2); few channels
     # because float64 grouped convolutions loop over the groups in ATen's slow kernel.
-    return MaxVit(input_size=(32, 32), stem_channels=8, block_channels=[8, 16, 32], block_layers=[1, 1, 1],
-                  head_dim=8, stochastic_depth_prob=0.2, partition_size=2, num_classes=10)
+    return MaxVit(
+        input_size=(32, 32),
+        stem_channels=8,
+        block_channels=[8, 16, 32],
+        block_layers=[1, 1, 1],
+        head_dim=8,
+        stochastic_depth_prob=0.2,
+        partition_size=2,
+        num_classes=10,
+    )
 
 
 # name -> (builder, input size, fused sites expected per op)

@@ -5,6 +5,7 @@ On CPU tensors torch.ops.fxfuse.gelu / gelu_backward dispatch to the hand-writte
 kernels (csrc/cpu/gelu_kernel*.cpp); the device-generic implementations are
 reachable as fxfuse._C.generic_gelu / generic_gelu_backward.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -89,9 +90,36 @@ def _layouts(dtype):
 
 def _special_values(dtype):
     fi = torch.finfo(dtype)
-    v = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e4, -1e4, 1e5, -1e5, 3e7, -3e7,
-         fi.max, -fi.max, fi.tiny, -fi.tiny, fi.tiny / 4, 1e20, -1e20, 3.7, -3.7, 4.4, -4.4, 5.1, -5.1,
-         8.0, -8.0, 30.0, -30.0]
+    v = [
+        0.0,
+        -0.0,
+        float("inf"),
+        -float("inf"),
+        float("nan"),
+        1e4,
+        -1e4,
+        1e5,
+        -1e5,
+        3e7,
+        -3e7,
+        fi.max,
+        -fi.max,
+        fi.tiny,
+        -fi.tiny,
+        fi.tiny / 4,
+        1e20,
+        -1e20,
+        3.7,
+        -3.7,
+        4.4,
+        -4.4,
+        5.1,
+        -5.1,
+        8.0,
+        -8.0,
+        30.0,
+        -30.0,
+    ]
     x = torch.tensor(v, dtype=dtype)
     # Long enough for the vector loop, with a scalar remainder; specials land in both.
     return torch.cat([x, torch.randn(53, dtype=dtype) * 6, x])
@@ -107,14 +135,14 @@ def test_gelu_matches_eager(dtype, approximate):
     for name, x in _layouts(dtype).items():
         out = ops.gelu(x, approximate=approximate)
         ref = F.gelu(x, approximate=approximate)
-        torch.testing.assert_close(out, ref, **tol(dtype), msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(out, ref, **tol(dtype), msg=lambda m, name=name: f"{name}: {m}")
         _assert_same_layout(out, ref)
 
         g = torch.randn_like(x)
         for dy in (g, torch.randn(x.shape, dtype=dtype)):  # same strides as x, and contiguous
             got = ops.gelu_backward(dy, x, approximate=approximate)
             want = torch.ops.aten.gelu_backward(dy, x, approximate=approximate)
-            torch.testing.assert_close(got, want, **tol(dtype), msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(got, want, **tol(dtype), msg=lambda m, name=name: f"{name}: {m}")
             _assert_same_layout(got, want)
 
 
@@ -126,24 +154,33 @@ def test_gelu_special_values(dtype, approximate):
     # kernel even where it hands contiguous input to oneDNN (float32, erf form).
     xt = x.view(-1, 1).expand(-1, 2).t().contiguous().t()
     for xi in (x, xt):
-        torch.testing.assert_close(ops.gelu(xi, approximate=approximate), F.gelu(xi, approximate=approximate),
-                                   **tol(dtype))
+        torch.testing.assert_close(
+            ops.gelu(xi, approximate=approximate), F.gelu(xi, approximate=approximate), **tol(dtype)
+        )
         for dy in (torch.ones_like(xi), torch.randn_like(xi)):
-            torch.testing.assert_close(ops.gelu_backward(dy, xi, approximate=approximate),
-                                       torch.ops.aten.gelu_backward(dy, xi, approximate=approximate), **tol(dtype))
+            torch.testing.assert_close(
+                ops.gelu_backward(dy, xi, approximate=approximate),
+                torch.ops.aten.gelu_backward(dy, xi, approximate=approximate),
+                **tol(dtype),
+            )
     # Huge and infinite grads scale the derivative's own rounding error in the tails,
     # where oneDNN and ATen's kernel disagree (0 * inf = nan vs -inf): compare with the
     # implementation fxfuse runs for these values (see test_gelu_is_bitwise_atens).
     dyt = x.flip(0).view(-1, 1).expand(-1, 2).t().contiguous().t()
     ref_dy, ref_x = (dyt.contiguous(), xt.contiguous()) if _uses_onednn(xt, approximate) else (dyt, xt)
-    torch.testing.assert_close(ops.gelu_backward(dyt, xt, approximate=approximate),
-                               torch.ops.aten.gelu_backward(ref_dy, ref_x, approximate=approximate), **tol(dtype))
+    torch.testing.assert_close(
+        ops.gelu_backward(dyt, xt, approximate=approximate),
+        torch.ops.aten.gelu_backward(ref_dy, ref_x, approximate=approximate),
+        **tol(dtype),
+    )
 
 
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2"),
-                    reason="bitwise agreement holds where fxfuse has the build ATen runs (baseline, AVX2); "
-                           "ATen's AVX512 kernels split vector and scalar work differently, which "
-                           "test_gelu_matches_eager holds to ATen's cross-capability spread")
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2"),
+    reason="bitwise agreement holds where fxfuse has the build ATen runs (baseline, AVX2); "
+    "ATen's AVX512 kernels split vector and scalar work differently, which "
+    "test_gelu_matches_eager holds to ATen's cross-capability spread",
+)
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "no_onednn"])
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -158,8 +195,10 @@ def test_gelu_is_bitwise_atens(dtype, approximate, onednn, monkeypatch):
             dy = torch.randn_like(xi)
             ref_x, ref_dy = (xi.contiguous(), dy.contiguous()) if _uses_onednn(xi, approximate) else (xi, dy)
             assert torch.equal(ops.gelu(xi, approximate=approximate), F.gelu(ref_x, approximate=approximate))
-            assert torch.equal(ops.gelu_backward(dy, xi, approximate=approximate),
-                               torch.ops.aten.gelu_backward(ref_dy, ref_x, approximate=approximate))
+            assert torch.equal(
+                ops.gelu_backward(dy, xi, approximate=approximate),
+                torch.ops.aten.gelu_backward(ref_dy, ref_x, approximate=approximate),
+            )
 
 
 @pytest.mark.parametrize("approximate", APPROX)
@@ -171,8 +210,11 @@ def test_gelu_autograd_matches_eager(dtype, approximate):
     ref = F.gelu(xe, approximate=approximate)
     torch.testing.assert_close(out, ref, **tol(dtype))
     grad = torch.randn_like(ref)
-    torch.testing.assert_close(torch.autograd.grad(out, xr, grad, retain_graph=True)[0],
-                               torch.autograd.grad(ref, xe, grad, retain_graph=True)[0], **tol(dtype))
+    torch.testing.assert_close(
+        torch.autograd.grad(out, xr, grad, retain_graph=True)[0],
+        torch.autograd.grad(ref, xe, grad, retain_graph=True)[0],
+        **tol(dtype),
+    )
     # A broadcast grad (sum().backward()) takes the ATen path.
     out.sum().backward()
     ref.sum().backward()
@@ -181,16 +223,27 @@ def test_gelu_autograd_matches_eager(dtype, approximate):
 
 def test_gelu_backward_mixed_layouts_and_broadcasting():
     x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
-    for dy in (torch.randn(2, 3, 4, 5), torch.randn(1, 3, 1, 5), torch.randn(2, 3, 4, 5, dtype=torch.double),
-               torch.randn(2, 3, 4, 5, dtype=torch.bfloat16)):
+    for dy in (
+        torch.randn(2, 3, 4, 5),
+        torch.randn(1, 3, 1, 5),
+        torch.randn(2, 3, 4, 5, dtype=torch.double),
+        torch.randn(2, 3, 4, 5, dtype=torch.bfloat16),
+    ):
         got = ops.gelu_backward(dy, x)
         want = torch.ops.aten.gelu_backward(dy, x)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         _assert_same_layout(got, want)
 
 
-@pytest.mark.parametrize("shape,fmt", [((0,), torch.contiguous_format), ((0, 3), torch.contiguous_format),
-                                       ((2, 0, 4, 4), torch.channels_last), ((2, 3, 0, 4), torch.channels_last)])
+@pytest.mark.parametrize(
+    "shape,fmt",
+    [
+        ((0,), torch.contiguous_format),
+        ((0, 3), torch.contiguous_format),
+        ((2, 0, 4, 4), torch.channels_last),
+        ((2, 3, 0, 4), torch.channels_last),
+    ],
+)
 def test_gelu_empty(shape, fmt):
     x = torch.empty(shape).contiguous(memory_format=fmt)
     for approximate in APPROX:
@@ -209,8 +262,9 @@ def test_gelu_reduced_precision(dtype, approximate):
     out = ops.gelu(x, approximate=approximate)
     assert out.dtype == dtype
     assert torch.equal(out, F.gelu(x, approximate=approximate))
-    assert torch.equal(ops.gelu_backward(dy, x, approximate=approximate),
-                       torch.ops.aten.gelu_backward(dy, x, approximate=approximate))
+    assert torch.equal(
+        ops.gelu_backward(dy, x, approximate=approximate), torch.ops.aten.gelu_backward(dy, x, approximate=approximate)
+    )
     torch.testing.assert_close(out.float(), F.gelu(x.float(), approximate=approximate), rtol=0.02, atol=0.02)
 
 
@@ -223,8 +277,10 @@ def test_generic_gelu_matches_eager(approximate):
         out = _C.generic_gelu(x, approximate=approximate)
         assert torch.equal(out, F.gelu(x, approximate=approximate))
         assert out.stride() == x.stride()
-        assert torch.equal(_C.generic_gelu_backward(dy, x, approximate=approximate),
-                           torch.ops.aten.gelu_backward(dy, x, approximate=approximate))
+        assert torch.equal(
+            _C.generic_gelu_backward(dy, x, approximate=approximate),
+            torch.ops.aten.gelu_backward(dy, x, approximate=approximate),
+        )
     with pytest.raises(RuntimeError, match="approximate argument must be either none or tanh"):
         _C.generic_gelu(x, approximate="erf")
 
@@ -252,8 +308,9 @@ _DEFAULT_CAPABILITY_SCRIPT = textwrap.dedent(
 def test_gelu_default_capability_build():
     """ATEN_CPU_CAPABILITY=default selects the baseline (non-AVX2) build of the kernels."""
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
-    res = subprocess.run([sys.executable, "-c", _DEFAULT_CAPABILITY_SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", _DEFAULT_CAPABILITY_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr[-4000:]
 
 
@@ -263,7 +320,7 @@ def test_gelu_default_capability_build():
 
 def _linear_inputs(shape, in_f, out_f, dtype, bias=True):
     x = torch.randn(*shape, in_f, dtype=dtype, requires_grad=True)
-    w = (torch.randn(out_f, in_f, dtype=dtype) / in_f ** 0.5).requires_grad_()
+    w = (torch.randn(out_f, in_f, dtype=dtype) / in_f**0.5).requires_grad_()
     b = torch.randn(out_f, dtype=dtype, requires_grad=True) if bias else None
     return x, w, b
 
@@ -288,9 +345,12 @@ def test_linear_act_matches_eager(act, shape):
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels_last"])
 def test_conv_act_matches_eager(act, fmt):
     p = ACT_PARAMS.get(act, 0.0)
-    cases = [dict(stride=1, padding=1, dilation=1, groups=1), dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2),
-                                                                  groups=2), dict(padding="same", dilation=2),
-             dict(padding="valid", stride=2)]
+    cases = [
+        dict(stride=1, padding=1, dilation=1, groups=1),
+        dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2),
+        dict(padding="same", dilation=2),
+        dict(padding="valid", stride=2),
+    ]
     for dtype, kw in itertools.product(DTYPES, cases):
         groups = kw.get("groups", 1)
         x = torch.randn(2, 4, 7, 6, dtype=dtype).to(memory_format=fmt).requires_grad_()
@@ -302,8 +362,9 @@ def test_conv_act_matches_eager(act, fmt):
         _assert_same_layout(out, ref)
         grad = torch.randn_like(ref)
         for a, e in zip(torch.autograd.grad(out, (x, w, b), grad), torch.autograd.grad(ref, (x, w, b), grad)):
-            torch.testing.assert_close(a, e, rtol=1e-12 if dtype == torch.float64 else 1e-5,
-                                       atol=1e-12 if dtype == torch.float64 else 1e-5)
+            torch.testing.assert_close(
+                a, e, rtol=1e-12 if dtype == torch.float64 else 1e-5, atol=1e-12 if dtype == torch.float64 else 1e-5
+            )
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
@@ -326,8 +387,9 @@ def test_layer_act_reduced_precision(dtype):
     w = torch.randn(5, 8).to(dtype)
     assert torch.equal(layer_activation.linear_act(x, w, None, "gelu"), F.gelu(F.linear(x, w)))
     xc, wc = torch.randn(2, 3, 6, 6).to(dtype), torch.randn(4, 3, 3, 3).to(dtype)
-    assert torch.equal(layer_activation.conv_act(xc, wc, None, padding=1, act="silu"),
-                       F.silu(F.conv2d(xc, wc, None, 1, 1)))
+    assert torch.equal(
+        layer_activation.conv_act(xc, wc, None, padding=1, act="silu"), F.silu(F.conv2d(xc, wc, None, 1, 1))
+    )
 
 
 def test_autocast_matches_eager_autocast():
@@ -389,12 +451,29 @@ def _opcheck_samples(fmt):
         (ops.gelu.default, req(x4), {}),
         (ops.gelu_backward.default, (torch.randn_like(x4), x4), {"approximate": "tanh"}),
         (ops.linear_act.default, (*req(x4, torch.randn(3, 6)), None, "leaky_relu", 0.1), {}),
-        (ops.linear_act_backward.default,
-         (torch.randn(2, 4, 5, 3), x4, torch.randn(3, 6), torch.randn(3), "gelu", 0.0, [True, True, True]), {}),
+        (
+            ops.linear_act_backward.default,
+            (torch.randn(2, 4, 5, 3), x4, torch.randn(3, 6), torch.randn(3), "gelu", 0.0, [True, True, True]),
+            {},
+        ),
         (ops.conv_act.default, (*req(x4, wg), None, [2, 2], [0, 1], [1, 1], 2, "gelu", 0.0), {}),
-        (ops.conv_act_backward.default,
-         (torch.randn(2, 6, 5, 6).to(memory_format=fmt), x4, w4, b6, [1, 1], [1, 1], [1, 1], 1, "hardswish", 0.0,
-          [True, True, True]), {}),
+        (
+            ops.conv_act_backward.default,
+            (
+                torch.randn(2, 6, 5, 6).to(memory_format=fmt),
+                x4,
+                w4,
+                b6,
+                [1, 1],
+                [1, 1],
+                [1, 1],
+                1,
+                "hardswish",
+                0.0,
+                [True, True, True],
+            ),
+            {},
+        ),
     ]
     if fmt == torch.channels_last:
         return layout_sensitive
@@ -405,12 +484,17 @@ def _opcheck_samples(fmt):
         # contiguous float32 to oneDNN, which rejects the broadcast.)
         (ops.gelu_backward.default, (torch.randn(2, 1, 5), x3), {"approximate": "tanh"}),
         (ops.linear_act.default, (*req(x3, w2, b7), "gelu", 0.0), {}),
-        (ops.linear_act_backward.default,
-         (torch.randn(2, 3, 7), x3, w2, b7, "gelu_tanh", 0.0, [True, True, True]), {}),
-        (ops.linear_act_backward.default,
-         (torch.randn(7).expand(2, 3, 7), x3, w2, None, "silu", 0.0, [True, False, True]), {}),
-        (ops.conv_act_backward.default,
-         (torch.randn(2, 6, 2, 3), x4, wg, None, [2, 2], [0, 1], [1, 1], 2, "relu", 0.0, [False, True, False]), {}),
+        (ops.linear_act_backward.default, (torch.randn(2, 3, 7), x3, w2, b7, "gelu_tanh", 0.0, [True, True, True]), {}),
+        (
+            ops.linear_act_backward.default,
+            (torch.randn(7).expand(2, 3, 7), x3, w2, None, "silu", 0.0, [True, False, True]),
+            {},
+        ),
+        (
+            ops.conv_act_backward.default,
+            (torch.randn(2, 6, 2, 3), x4, wg, None, [2, 2], [0, 1], [1, 1], 2, "relu", 0.0, [False, True, False]),
+            {},
+        ),
     ]
 
 
@@ -489,8 +573,10 @@ def test_gelu_bad_approximate():
     x = torch.randn(3, 4)
     _same_error(lambda: gelu_activation.gelu(x, "erf"), lambda: F.gelu(x, approximate="erf"))
     _same_error(lambda: ops.gelu(x, approximate="erf"), lambda: F.gelu(x, approximate="erf"))
-    _same_error(lambda: ops.gelu_backward(x, x, approximate="Tanh"),
-                lambda: torch.ops.aten.gelu_backward(x, x, approximate="Tanh"))
+    _same_error(
+        lambda: ops.gelu_backward(x, x, approximate="Tanh"),
+        lambda: torch.ops.aten.gelu_backward(x, x, approximate="Tanh"),
+    )
     with pytest.raises(RuntimeError, match="approximate argument must be either none or tanh"):
         ops.gelu(x, approximate="erf")
 
@@ -535,8 +621,9 @@ def test_conv_act_bad_input(case):
         x = torch.randn(2, 3, 2, 2)
     else:
         kw = dict(groups=2)
-    _same_error(lambda: layer_activation.conv_act(x, w, None, act="relu", **kw),
-                lambda: F.relu(F.conv2d(x, w, None, **kw)))
+    _same_error(
+        lambda: layer_activation.conv_act(x, w, None, act="relu", **kw), lambda: F.relu(F.conv2d(x, w, None, **kw))
+    )
 
 
 def test_unknown_activation():

@@ -1,4 +1,5 @@
 """fxfuse inside the stack users train with: torch.compile, export, DDP, SyncBatchNorm, determinism."""
+
 import copy
 import os
 import tempfile
@@ -15,10 +16,17 @@ from fxfuse.testing import assert_equivalent
 
 def small_cnn():
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.GELU(),
-        nn.BatchNorm2d(8), nn.SiLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False),
+        nn.BatchNorm2d(8),
+        nn.GELU(),
+        nn.BatchNorm2d(8),
+        nn.SiLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
     )
 
 

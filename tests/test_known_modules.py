@@ -1,4 +1,5 @@
 """timm's norm-act family, fused exactly as eager: BatchNormAct2d (with its act and drop) and Conv2dSame."""
+
 import copy
 
 import pytest
@@ -37,8 +38,7 @@ def _check(model, x, fused_patterns, steps=3):
     optimized = fxfuse.optimize(copy.deepcopy(model), x)
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
-    assert sorted(s.pattern for s in optimized.fxfuse_report.fused) == sorted(fused_patterns), \
-        optimized.fxfuse_report
+    assert sorted(s.pattern for s in optimized.fxfuse_report.fused) == sorted(fused_patterns), optimized.fxfuse_report
     assert_equivalent(model, optimized, x, steps=steps)
     return optimized
 
@@ -59,8 +59,14 @@ def test_conv_norm_act_is_fused_and_exact(act):
     torch.manual_seed(0)
     model = ConvNormAct(nn.Conv2d(3, 8, 3, padding=1), BatchNormAct2d(8, **ACTS[act])).to(F64)
     x = torch.randn(2, 3, 8, 8, dtype=F64)
-    name = {"relu-inplace": "relu", "silu": "silu", "hardswish": "hardswish", "gelu-timm": "gelu",
-            "leaky": "leaky_relu(0.2)", "no-act": None}[act]
+    name = {
+        "relu-inplace": "relu",
+        "silu": "silu",
+        "hardswish": "hardswish",
+        "gelu-timm": "gelu",
+        "leaky": "leaky_relu(0.2)",
+        "no-act": None,
+    }[act]
     _check(model, x, ["conv2d→batch_norm2d" + (f"→{name}" if name else "")])
 
 
@@ -132,8 +138,10 @@ def test_conv2d_same_pads_per_call_and_is_fused(size, stride):
     model = ConvNormAct(Conv2dSame(3, 8, 3, stride=stride), BatchNormAct2d(8, act_layer=nn.SiLU)).to(F64)
     x = torch.randn(2, 3, size, size, dtype=F64)
     _check(model, x, ["conv2d→batch_norm2d→silu"])
-    assert torch.equal(pad_same(x, model.conv), timm_layers.pad_same(x, model.conv.weight.shape[-2:],
-                                                                    model.conv.stride, model.conv.dilation))
+    assert torch.equal(
+        pad_same(x, model.conv),
+        timm_layers.pad_same(x, model.conv.weight.shape[-2:], model.conv.stride, model.conv.dilation),
+    )
 
 
 def test_timm_blocks_with_squeeze_excite():

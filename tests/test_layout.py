@@ -1,4 +1,5 @@
 """optimize(..., memory_format=...): channels_last on request, or where it is known to pay ("auto")."""
+
 import copy
 import pickle
 
@@ -17,9 +18,17 @@ CL = torch.channels_last
 
 def cnn():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
+    )
 
 
 class LosesFormat(nn.Module):
@@ -57,8 +66,11 @@ def test_auto_converts_only_where_channels_last_measures_faster(monkeypatch, fas
     monkeypatch.setattr(layout, "_step_seconds", lambda model, inputs: (1.0, 0.5 if faster else 1.5))
     optimized = fxfuse.optimize(cnn(), torch.randn(2, 3, 8, 8), memory_format="auto")
     assert optimized[0].weight.is_contiguous(memory_format=CL) is faster
-    assert optimized.fxfuse_report.layout.startswith("channels_last (auto: no format loss, and 0.50x" if faster
-                                                     else "as given (auto: channels_last measured no faster")
+    assert optimized.fxfuse_report.layout.startswith(
+        "channels_last (auto: no format loss, and 0.50x"
+        if faster
+        else "as given (auto: channels_last measured no faster"
+    )
 
 
 def test_auto_keeps_the_layout_where_the_audit_finds_a_loss(monkeypatch):
@@ -85,7 +97,8 @@ def test_the_conversion_survives_deepcopy_and_pickle():
 def test_explain_changes_no_layout_and_bad_values_are_errors():
     model = cnn()
     assert fxfuse.explain(model, torch.randn(2, 3, 8, 8), memory_format="channels_last").layout.startswith(
-        "channels_last")
+        "channels_last"
+    )
     assert model[0].weight.is_contiguous()
     with pytest.raises(ConfigurationError, match="memory_format must be one of"):
         fxfuse.optimize(model, memory_format="nhwc")
@@ -94,6 +107,7 @@ def test_explain_changes_no_layout_and_bad_values_are_errors():
 def test_cli_optimize_memory_format(capsys):
     from fxfuse.cli import main
 
-    assert main(["optimize", "tests.test_layout:cnn", "--input-shape", "2,3,8,8",
-                 "--memory-format", "channels_last"]) == 0
+    assert (
+        main(["optimize", "tests.test_layout:cnn", "--input-shape", "2,3,8,8", "--memory-format", "channels_last"]) == 0
+    )
     assert "layout: channels_last (memory_format='channels_last')" in capsys.readouterr().out

@@ -1,4 +1,5 @@
 """Memory is measured, not assumed: saved activation bytes fall when fxfuse fuses."""
+
 import copy
 
 import torch

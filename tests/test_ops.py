@@ -1,7 +1,9 @@
 """fxfuse's C++ ops: against the plain-PyTorch reference, opcheck, gradcheck, bad input."""
+
 import itertools
 
 import pytest
+import reference
 import torch
 import torch.nn.functional as F
 
@@ -9,8 +11,6 @@ import fxfuse
 from fxfuse import _extension
 from fxfuse.ops import ACTIVATIONS, batch_norm, conv_batch_norm
 from fxfuse.ops.checks import apply_activation
-
-import reference
 
 ACT_PARAMS = {"leaky_relu": 0.2}
 FORMATS = [torch.contiguous_format, torch.channels_last]
@@ -38,10 +38,39 @@ def test_conv_bn_act_matches_reference_float64(act, fmt, training):
     rm2, rv2 = rm.clone(), rv.clone()
     p = ACT_PARAMS.get(act, 0.0)
     args = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
-    out = conv_batch_norm.conv_bn_act(x, w, b, **args, running_mean=rm, running_var=rv, bn_weight=g, bn_bias=beta,
-                                 training=training, momentum=0.3, eps=1e-3, act=act, act_param=p)
-    ref = reference.conv_bn_act(x, w, b, args["stride"], args["padding"], args["dilation"], args["groups"], rm2,
-                                rv2, g, beta, training, 0.3, 1e-3, act, p)
+    out = conv_batch_norm.conv_bn_act(
+        x,
+        w,
+        b,
+        **args,
+        running_mean=rm,
+        running_var=rv,
+        bn_weight=g,
+        bn_bias=beta,
+        training=training,
+        momentum=0.3,
+        eps=1e-3,
+        act=act,
+        act_param=p,
+    )
+    ref = reference.conv_bn_act(
+        x,
+        w,
+        b,
+        args["stride"],
+        args["padding"],
+        args["dilation"],
+        args["groups"],
+        rm2,
+        rv2,
+        g,
+        beta,
+        training,
+        0.3,
+        1e-3,
+        act,
+        p,
+    )
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
     assert out.is_contiguous(memory_format=fmt)
     grad = torch.randn_like(out)
@@ -81,8 +110,9 @@ def test_conv_bn_act_gradcheck(act, batch_stats):
     rm, rv = _stats(4, torch.double)
 
     def fn(x, w, b, g, beta):
-        return torch.ops.fxfuse.conv_bn_act(x, w, b, [1, 1], [1, 1], [1, 1], 1, g, beta, rm, rv, batch_stats,
-                                            1e-5, act, 0.0)[0]
+        return torch.ops.fxfuse.conv_bn_act(
+            x, w, b, [1, 1], [1, 1], [1, 1], 1, g, beta, rm, rv, batch_stats, 1e-5, act, 0.0
+        )[0]
 
     assert torch.autograd.gradcheck(fn, (x, w, b, g, beta))
 
@@ -109,23 +139,65 @@ def _opcheck_samples(fmt):
     return [
         (torch.ops.fxfuse.bn_stats.default, (y,)),
         (torch.ops.fxfuse.bn_act.default, (*req(y), mean, var, *req(g, beta), 1e-5, "gelu", 0.0)),
-        (torch.ops.fxfuse.bn_act_backward.default,
-         (torch.randn_like(y), y, mean, var, g, beta, 1e-5, "silu", 0.0, True, [True, True, True])),
+        (
+            torch.ops.fxfuse.bn_act_backward.default,
+            (torch.randn_like(y), y, mean, var, g, beta, 1e-5, "silu", 0.0, True, [True, True, True]),
+        ),
         (torch.ops.fxfuse.bn_act_.default, (y.clone(), mean, var, g, beta, 1e-5, "relu", 0.0)),
-        (torch.ops.fxfuse.bn_act_backward_.default,
-         (torch.randn_like(y), y.clone(), mean, var, g, beta, 1e-5, "gelu", 0.0, True, [True, True])),
-        (torch.ops.fxfuse.bn_act_backward_.default,
-         (torch.randn_like(y), y.clone(), mean, var, None, beta, 1e-5, "none", 0.0, False, [False, True])),
+        (
+            torch.ops.fxfuse.bn_act_backward_.default,
+            (torch.randn_like(y), y.clone(), mean, var, g, beta, 1e-5, "gelu", 0.0, True, [True, True]),
+        ),
+        (
+            torch.ops.fxfuse.bn_act_backward_.default,
+            (torch.randn_like(y), y.clone(), mean, var, None, beta, 1e-5, "none", 0.0, False, [False, True]),
+        ),
         (torch.ops.fxfuse.batch_norm_act.default, (*req(y, g, beta), rm, rv, True, 1e-5, "relu", 0.0)),
         (torch.ops.fxfuse.batch_norm_act.default, (*req(y), None, None, rm, rv, False, 1e-5, "relu6", 0.0)),
-        (torch.ops.fxfuse.conv_bn_act.default,
-         (*req(x, w), None, [1, 1], [1, 1], [1, 1], 1, *req(g, beta), rm, rv, True, 1e-5, "relu", 0.0)),
-        (torch.ops.fxfuse.conv_bn_act.default,
-         (*req(x, w[:, :2].contiguous(memory_format=fmt), g), [2, 2], [0, 1], [1, 1], 2, None, None, rm, rv,
-          False, 1e-5, "hardswish", 0.0)),
-        (torch.ops.fxfuse.conv_bn_act_backward.default,
-         (torch.randn(2, 6, 5, 6).to(memory_format=fmt), x, w, None, [1, 1], [1, 1], [1, 1], 1, g, beta, mean,
-          var, True, 1e-5, "gelu_tanh", 0.0, [True, True, False, True, True])),
+        (
+            torch.ops.fxfuse.conv_bn_act.default,
+            (*req(x, w), None, [1, 1], [1, 1], [1, 1], 1, *req(g, beta), rm, rv, True, 1e-5, "relu", 0.0),
+        ),
+        (
+            torch.ops.fxfuse.conv_bn_act.default,
+            (
+                *req(x, w[:, :2].contiguous(memory_format=fmt), g),
+                [2, 2],
+                [0, 1],
+                [1, 1],
+                2,
+                None,
+                None,
+                rm,
+                rv,
+                False,
+                1e-5,
+                "hardswish",
+                0.0,
+            ),
+        ),
+        (
+            torch.ops.fxfuse.conv_bn_act_backward.default,
+            (
+                torch.randn(2, 6, 5, 6).to(memory_format=fmt),
+                x,
+                w,
+                None,
+                [1, 1],
+                [1, 1],
+                [1, 1],
+                1,
+                g,
+                beta,
+                mean,
+                var,
+                True,
+                1e-5,
+                "gelu_tanh",
+                0.0,
+                [True, True, False, True, True],
+            ),
+        ),
     ]
 
 
@@ -201,17 +273,23 @@ def _same_error(fn_fused, fn_eager):
 @pytest.mark.parametrize("case", ["rank", "channels", "dtype", "batch1", "unknown_act"])
 def test_bad_input_raises_like_eager(case):
     w = torch.randn(4, 3, 3, 3)
-    x = {"rank": torch.randn(3, 8, 8, 2, 1), "channels": torch.randn(2, 5, 8, 8),
-         "dtype": torch.randn(2, 3, 8, 8, dtype=torch.double), "batch1": torch.randn(1, 3, 3, 3),
-         "unknown_act": torch.randn(2, 3, 8, 8)}[case]
+    x = {
+        "rank": torch.randn(3, 8, 8, 2, 1),
+        "channels": torch.randn(2, 5, 8, 8),
+        "dtype": torch.randn(2, 3, 8, 8, dtype=torch.double),
+        "batch1": torch.randn(1, 3, 3, 3),
+        "unknown_act": torch.randn(2, 3, 8, 8),
+    }[case]
     act = "swish" if case == "unknown_act" else "relu"
     rm, rv = torch.zeros(4), torch.ones(4)
     if case == "unknown_act":
         with pytest.raises(ValueError, match="unknown activation"):
             conv_batch_norm.conv_bn_act(x, w, None, running_mean=rm, running_var=rv, training=True, act=act)
         return
-    _same_error(lambda: conv_batch_norm.conv_bn_act(x, w, None, running_mean=rm, running_var=rv, training=True, act=act),
-                lambda: F.relu(F.batch_norm(F.conv2d(x, w), rm.clone(), rv.clone(), training=True)))
+    _same_error(
+        lambda: conv_batch_norm.conv_bn_act(x, w, None, running_mean=rm, running_var=rv, training=True, act=act),
+        lambda: F.relu(F.batch_norm(F.conv2d(x, w), rm.clone(), rv.clone(), training=True)),
+    )
 
 
 def test_nan_and_inf_propagate_like_eager():
@@ -221,10 +299,12 @@ def test_nan_and_inf_propagate_like_eager():
     w = torch.randn(4, 3, 3, 3, dtype=torch.double)
     for training in (True, False):
         rm, rv = torch.zeros(4, dtype=torch.double), torch.ones(4, dtype=torch.double)
-        out = conv_batch_norm.conv_bn_act(x, w, None, 1, 1, 1, 1, rm.clone(), rv.clone(), None, None, training,
-                                     0.1, 1e-5, "relu")
-        ref = reference.conv_bn_act(x, w, None, 1, 1, 1, 1, rm.clone(), rv.clone(), None, None, training, 0.1,
-                                    1e-5, "relu")
+        out = conv_batch_norm.conv_bn_act(
+            x, w, None, 1, 1, 1, 1, rm.clone(), rv.clone(), None, None, training, 0.1, 1e-5, "relu"
+        )
+        ref = reference.conv_bn_act(
+            x, w, None, 1, 1, 1, 1, rm.clone(), rv.clone(), None, None, training, 0.1, 1e-5, "relu"
+        )
         torch.testing.assert_close(out, ref, equal_nan=True)
 
 

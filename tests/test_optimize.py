@@ -1,4 +1,5 @@
 """fxfuse.optimize: exactness over conv/BN configurations and forms, safety, drop-in behaviour."""
+
 import copy
 import io
 import pickle
@@ -78,9 +79,15 @@ def test_bn_configurations(name):
 
 
 ACT_MODULES = {
-    "relu": nn.ReLU(), "relu_inplace": nn.ReLU(inplace=True), "relu6": nn.ReLU6(), "leaky": nn.LeakyReLU(0.2),
-    "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"), "silu": nn.SiLU(inplace=True),
-    "hardswish": nn.Hardswish(), "none": None,
+    "relu": nn.ReLU(),
+    "relu_inplace": nn.ReLU(inplace=True),
+    "relu6": nn.ReLU6(),
+    "leaky": nn.LeakyReLU(0.2),
+    "gelu": nn.GELU(),
+    "gelu_tanh": nn.GELU(approximate="tanh"),
+    "silu": nn.SiLU(inplace=True),
+    "hardswish": nn.Hardswish(),
+    "none": None,
 }
 
 
@@ -103,11 +110,20 @@ class FunctionalAct(nn.Module):
 
 
 FUNCTIONAL_ACTS = {
-    "F.relu": F.relu, "F.relu_": F.relu_, "torch.relu": torch.relu, "Tensor.relu": lambda t: t.relu(),
-    "Tensor.relu_": lambda t: t.relu_(), "F.relu(inplace)": lambda t: F.relu(t, inplace=True),
-    "F.relu6": F.relu6, "F.leaky_relu": lambda t: F.leaky_relu(t, 0.3), "F.leaky_relu_": F.leaky_relu_,
-    "F.gelu": F.gelu, "F.gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "F.silu": F.silu,
-    "F.hardswish": F.hardswish, "F.silu(inplace)": lambda t: F.silu(t, inplace=True),
+    "F.relu": F.relu,
+    "F.relu_": F.relu_,
+    "torch.relu": torch.relu,
+    "Tensor.relu": lambda t: t.relu(),
+    "Tensor.relu_": lambda t: t.relu_(),
+    "F.relu(inplace)": lambda t: F.relu(t, inplace=True),
+    "F.relu6": F.relu6,
+    "F.leaky_relu": lambda t: F.leaky_relu(t, 0.3),
+    "F.leaky_relu_": F.leaky_relu_,
+    "F.gelu": F.gelu,
+    "F.gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "F.silu": F.silu,
+    "F.hardswish": F.hardswish,
+    "F.silu(inplace)": lambda t: F.silu(t, inplace=True),
 }
 
 
@@ -131,8 +147,7 @@ class FunctionalConvBN(nn.Module):
 
     def forward(self, x):
         y = F.conv2d(x, self.weight, self.bias, stride=2, padding=1)
-        y = F.batch_norm(y, self.running_mean, self.running_var, self.bn_weight, self.bn_bias, self.training,
-                         0.2, 1e-4)
+        y = F.batch_norm(y, self.running_mean, self.running_var, self.bn_weight, self.bn_bias, self.training, 0.2, 1e-4)
         return F.gelu(y)
 
 
@@ -274,6 +289,7 @@ def test_float32_tolerances():
 
 # ---------------------------------------------------------------- drop-in replacement
 
+
 class UserNet(nn.Module):
     """A user's model class with its own methods, attributes and a train() override."""
 
@@ -368,7 +384,6 @@ def test_explain_does_not_change_the_model():
 
 def test_no_grad_and_inference_mode_save_nothing():
     model = fxfuse.optimize(ConvBNAct(act=nn.GELU()))
-    ref = copy.deepcopy(model)
     x = torch.randn(2, 4, 6, 6)
     for ctx in (torch.no_grad, torch.inference_mode):
         with ctx():
@@ -377,6 +392,7 @@ def test_no_grad_and_inference_mode_save_nothing():
 
 
 # ---------------------------------------------------------------- untraceable code
+
 
 class DataDependent(nn.Module):
     def __init__(self):
@@ -426,12 +442,18 @@ def test_nothing_traceable_raises_naming_the_module():
 
 # ---------------------------------------------------------------- bad input
 
+
 @pytest.mark.parametrize("case", ["rank3", "rank5", "channels", "dtype", "batch1_1x1"])
 def test_bad_input_raises_what_eager_raises(case):
     model = ConvBNAct(act=nn.ReLU(), conv_kw={"padding": 0}, kernel=1)
     optimized = fxfuse.optimize(copy.deepcopy(model))
-    x = {"rank3": torch.randn(4, 5, 5), "rank5": torch.randn(1, 4, 5, 5, 1), "channels": torch.randn(2, 3, 5, 5),
-         "dtype": torch.randn(2, 4, 5, 5, dtype=torch.double), "batch1_1x1": torch.randn(1, 4, 1, 1)}[case]
+    x = {
+        "rank3": torch.randn(4, 5, 5),
+        "rank5": torch.randn(1, 4, 5, 5, 1),
+        "channels": torch.randn(2, 3, 5, 5),
+        "dtype": torch.randn(2, 4, 5, 5, dtype=torch.double),
+        "batch1_1x1": torch.randn(1, 4, 1, 1),
+    }[case]
     with pytest.raises(Exception) as eager_exc:
         model(x)
     with pytest.raises(type(eager_exc.value)):

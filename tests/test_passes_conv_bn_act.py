@@ -1,4 +1,5 @@
 """Conv→BN(→act) sites whose conv output is also read for its metadata only (rank, shape, dtype, device)."""
+
 import copy
 
 import pytest
@@ -43,8 +44,11 @@ class FunctionalChecked(nn.Module):
         return F.batch_norm(y, self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias, True)
 
 
-@pytest.mark.parametrize("model", [Checked, lambda: Checked(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")),
-                                   FunctionalChecked], ids=["module", "reflect", "functional"])
+@pytest.mark.parametrize(
+    "model",
+    [Checked, lambda: Checked(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")), FunctionalChecked],
+    ids=["module", "reflect", "functional"],
+)
 def test_metadata_reads_do_not_block_fusion_and_stay_exact(model):
     torch.manual_seed(0)
     model = model().to(F64)

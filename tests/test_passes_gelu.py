@@ -1,4 +1,5 @@
 """Standalone GELU → fxfuse::gelu only where measured faster; and the report's per-site mode."""
+
 import copy
 
 import pytest
@@ -46,8 +47,10 @@ def _gelu_calls(model, x):
 
 
 def _sites(report):
-    return ({s.modules: s for s in report.fused if s.op == "fxfuse::gelu"},
-            [s for s in report.skipped if s.pattern.startswith("gelu")])
+    return (
+        {s.modules: s for s in report.fused if s.op == "fxfuse::gelu"},
+        [s for s in report.skipped if s.pattern.startswith("gelu")],
+    )
 
 
 def test_channels_last_example_input_rewrites_only_the_fast_site():
@@ -85,22 +88,26 @@ def test_without_example_inputs_the_call_picks_the_path_and_stays_exact():
         assert_equivalent(model, optimized, x, dtype=dtype)
 
 
-@pytest.mark.parametrize("shape, fmt, dtype, approximate, expected", [
-    (SHAPE, torch.channels_last, torch.float32, "none", True),
-    (SHAPE, torch.channels_last, torch.float32, "tanh", False),
-    (SHAPE, torch.contiguous_format, torch.float32, "none", False),
-    (SHAPE, torch.channels_last, torch.float64, "none", False),
-    ((2, 32, 8, 8), torch.channels_last, torch.float32, "none", False),
-    ((4, 1, 512, 512), torch.channels_last, torch.float32, "none", False),  # also contiguous
-])
+@pytest.mark.parametrize(
+    "shape, fmt, dtype, approximate, expected",
+    [
+        (SHAPE, torch.channels_last, torch.float32, "none", True),
+        (SHAPE, torch.channels_last, torch.float32, "tanh", False),
+        (SHAPE, torch.contiguous_format, torch.float32, "none", False),
+        (SHAPE, torch.channels_last, torch.float64, "none", False),
+        ((2, 32, 8, 8), torch.channels_last, torch.float32, "none", False),
+        ((4, 1, 512, 512), torch.channels_last, torch.float32, "none", False),  # also contiguous
+    ],
+)
 def test_gelu_is_faster(shape, fmt, dtype, approximate, expected):
     x = torch.randn(shape, dtype=dtype).to(memory_format=fmt)
     assert runtime.gelu_is_faster(x, approximate) is expected
     # fxfuse.ops.gelu's accuracy contract (F32_SPREAD in tests/test_gelu_ops.py: ATen's own
     # spread between CPU capabilities); eager's channels_last path rounds differently.
     t = 5.4e-6 if dtype == torch.float32 else 1e-12
-    torch.testing.assert_close(runtime.gelu_where_faster(x, approximate), F.gelu(x, approximate=approximate),
-                               rtol=t, atol=t)
+    torch.testing.assert_close(
+        runtime.gelu_where_faster(x, approximate), F.gelu(x, approximate=approximate), rtol=t, atol=t
+    )
 
 
 def test_gelu_module_with_hooks_is_skipped():
@@ -112,12 +119,12 @@ def test_gelu_module_with_hooks_is_skipped():
 
 
 def test_report_says_which_mode_chose_each_site():
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(),
-                          nn.Conv2d(8, 8, 3, padding=1), nn.GELU())
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(), nn.Conv2d(8, 8, 3, padding=1), nn.GELU()
+    )
     x = torch.randn(2, 3, 8, 8)
     memory, fast = fxfuse.explain(model, x), fxfuse.explain(model, x, mode="fast")
-    assert [(s.op, s.mode) for s in memory.fused] == [("fxfuse::conv_bn_act", "memory"),
-                                                      ("fxfuse::conv_act", "memory")]
+    assert [(s.op, s.mode) for s in memory.fused] == [("fxfuse::conv_bn_act", "memory"), ("fxfuse::conv_act", "memory")]
     assert "recomputes conv" in memory.fused[0].reason
     assert [(s.op, s.mode) for s in fast.fused] == [("fxfuse::batch_norm_act", "fast")]
     assert "no conv recompute" in fast.fused[0].reason

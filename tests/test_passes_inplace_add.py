@@ -1,5 +1,6 @@
 """passes/inplace_add.py and runtime.add_into: the residual add written over a fused
 Conv→BN output that nothing else uses, as eager's `out += identity` does."""
+
 import copy
 import operator
 
@@ -25,8 +26,14 @@ class Block(nn.Module):
 
     def forward(self, x):
         if self.functional:
-            out = torch.nn.functional.batch_norm(self.conv1(x), self.bn1.running_mean, self.bn1.running_var,
-                                                 self.bn1.weight, self.bn1.bias, self.training)
+            out = torch.nn.functional.batch_norm(
+                self.conv1(x),
+                self.bn1.running_mean,
+                self.bn1.running_var,
+                self.bn1.weight,
+                self.bn1.bias,
+                self.training,
+            )
         else:
             out = self.bn1(self.conv1(x))
         if self.main_act:

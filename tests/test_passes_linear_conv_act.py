@@ -1,4 +1,5 @@
 """Linear→GELU / Conv2d→GELU recompute fusion (mode="memory") and its interplay with the other passes."""
+
 import copy
 import sys
 from pathlib import Path
@@ -56,8 +57,14 @@ def test_relu_and_inplace_activations_are_left_alone():
 
 
 def test_conv_bn_gelu_net_in_both_modes():
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(),
-                          nn.Conv2d(8, 8, 3, padding=1), nn.GELU(), nn.Conv2d(8, 4, 1))
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.GELU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.GELU(),
+        nn.Conv2d(8, 4, 1),
+    )
     x = torch.randn(2, 3, 8, 8)
     memory = fxfuse.optimize(copy.deepcopy(model))
     fast = fxfuse.optimize(copy.deepcopy(model), mode="fast")

@@ -1,4 +1,5 @@
 """memory_budget= and mode="auto": the budget is met when reachable, choices are monotone, results exact."""
+
 import copy
 import pickle
 
@@ -23,11 +24,21 @@ def _mixed():
     """Depthwise (cheap to recompute), 1x1 and dense 3x3 (expensive) Conv→BN→act sites."""
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.SiLU(),
-        nn.Conv2d(16, 32, 1), nn.BatchNorm2d(32), nn.GELU(),
-        nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16),
+        nn.BatchNorm2d(16),
+        nn.SiLU(),
+        nn.Conv2d(16, 32, 1),
+        nn.BatchNorm2d(32),
+        nn.GELU(),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
     )
 
 

@@ -1,4 +1,5 @@
 """StateGuard: what tracing changed, named and put back."""
+
 import torch
 from torch import nn
 
@@ -15,8 +16,16 @@ def test_owned_tensors_lists_parameters_buffers_and_plain_tensors_once():
     m = _model()
     m.shared = m[1].plain
     names = [name for name, _ in owned_tensors(m)]
-    assert names == ["shared", "0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var",
-                     "1.num_batches_tracked"]
+    assert names == [
+        "shared",
+        "0.weight",
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "1.running_mean",
+        "1.running_var",
+        "1.num_batches_tracked",
+    ]
 
 
 def test_in_place_writes_are_restored_and_named():

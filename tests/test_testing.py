@@ -3,6 +3,7 @@
 The checker must be able to fail, so most tests here hand it a deliberately broken
 candidate and check that it fails, naming the tensor.
 """
+
 from __future__ import annotations
 
 import collections
@@ -12,6 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from planted_defects import DEFECTS, plant
 from torch import nn
 
 from fxfuse.errors import ConfigurationError
@@ -21,10 +23,8 @@ from fxfuse.testing import (
     compare_models,
     compare_tensors,
     default_tolerance,
-    float64_copy,
     fp64_floor,
 )
-from planted_defects import DEFECTS, plant
 
 F64 = torch.float64
 

@@ -5,6 +5,7 @@ running statistics) are traced through; the updates must be graph nodes that run
 every call, in train and in eval, exactly as eager runs them. A write torch.fx cannot
 record makes the module a leaf (said in the report), or an error for the root.
 """
+
 import copy
 
 import pytest
@@ -182,8 +183,9 @@ def test_batchnorm_counter_traced_through_counts_every_step():
         def forward(self, x):
             torch._assert(x.ndim == 4, "expected 4D input")
             self.num_batches_tracked.add_(1)
-            return torch.nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                                                  self.training, 0.1, self.eps)
+            return torch.nn.functional.batch_norm(
+                x, self.running_mean, self.running_var, self.weight, self.bias, self.training, 0.1, self.eps
+            )
 
     model = nn.Sequential(nn.Conv2d(3, 4, 3), CopiedBN(4), nn.ReLU()).to(F64)
     x = torch.randn(2, 3, 8, 8, dtype=F64)

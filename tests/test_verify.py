@@ -4,23 +4,22 @@ The first half swaps fxfuse.optimize for stand-ins (an identity rewrite, a buggy
 to test verify's own plumbing; the second half runs the real fxfuse.optimize and
 fails (does not skip) while it is missing.
 """
+
 from __future__ import annotations
 
 import copy
 import importlib
-import sys
-import types
 
 import pytest
 import torch
 import torch.nn.functional as F
+from planted_defects import DEFECTS, plant
 from torch import nn
 
 from fxfuse.cli import main as cli_main
 from fxfuse.errors import ConfigurationError
 from fxfuse.testing import compare_models, float64_copy
 from fxfuse.verify import VerifyReport, verify
-from planted_defects import DEFECTS, plant
 
 F64 = torch.float64
 
@@ -104,7 +103,14 @@ def test_verify_passes_with_a_faithful_rewrite(stand_in):
     assert report.optimize_report == "stand-in report (memory)"
     kinds = {check.kind for check in report.checks}
     assert kinds == {
-        "state_dict_keys", "param_order", "param", "output", "input_grad", "param_grad", "buffer", "eval_output"
+        "state_dict_keys",
+        "param_order",
+        "param",
+        "output",
+        "input_grad",
+        "param_grad",
+        "buffer",
+        "eval_output",
     }
     assert {check.step for check in report.checks if check.phase == "train"} == {1, 2}
     assert len(fake.calls) == 1

@@ -5,6 +5,7 @@ Small resolutions keep CI fast; each model's report must show it actually fused 
 (e.g. 1x1 spatial at batch 2) normalisation is so ill-conditioned that float64
 rounding alone exceeds the 1e-9 tolerance, whatever the implementation.
 """
+
 import copy
 
 import pytest

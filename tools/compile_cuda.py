@@ -5,6 +5,7 @@ build/cuda-check/, for one GPU architecture (CUDA_CHECK_ARCH, default 9.0). Need
 but no GPU, and leaves fxfuse/_C*.so alone. `make cuda-build` does the full
 FXFUSE_CUDA=1 build and checks that its kernels register (tools/check_cuda_build.py).
 """
+
 import glob
 import os
 import shutil
@@ -19,8 +20,11 @@ from torch.utils import cpp_extension
 def nvcc_path() -> str:
     home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
     candidate = os.path.join(home, "bin", "nvcc")
-    return candidate if os.path.exists(candidate) else (shutil.which("nvcc") or sys.exit(
-        "cuda-check: nvcc not found (set CUDA_HOME or put nvcc on PATH)"))
+    return (
+        candidate
+        if os.path.exists(candidate)
+        else (shutil.which("nvcc") or sys.exit("cuda-check: nvcc not found (set CUDA_HOME or put nvcc on PATH)"))
+    )
 
 
 def main() -> int:
@@ -28,18 +32,34 @@ def main() -> int:
     home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
     out_dir = os.path.join("build", "cuda-check")
     os.makedirs(out_dir, exist_ok=True)
-    includes = [*cpp_extension.include_paths("cuda"), os.path.join(home, "include"),
-                sysconfig.get_paths()["include"], os.path.join("fxfuse", "csrc")]
-    flags = [*cpp_extension.COMMON_NVCC_FLAGS, "-O3", "-std=c++20", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-             "--compiler-options", "-fPIC", "-DFXFUSE_WITH_CUDA=1", "-DTORCH_EXTENSION_NAME=_C",
-             "-DTORCH_API_INCLUDE_EXTENSION_H", "-D_GLIBCXX_USE_CXX11_ABI=1"]
+    includes = [
+        *cpp_extension.include_paths("cuda"),
+        os.path.join(home, "include"),
+        sysconfig.get_paths()["include"],
+        os.path.join("fxfuse", "csrc"),
+    ]
+    flags = [
+        *cpp_extension.COMMON_NVCC_FLAGS,
+        "-O3",
+        "-std=c++20",
+        f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        "--compiler-options",
+        "-fPIC",
+        "-DFXFUSE_WITH_CUDA=1",
+        "-DTORCH_EXTENSION_NAME=_C",
+        "-DTORCH_API_INCLUDE_EXTENSION_H",
+        "-D_GLIBCXX_USE_CXX11_ABI=1",
+    ]
     sources = sorted(glob.glob(os.path.join("fxfuse", "csrc", "cuda", "*.cu")))
     if not sources:
         sys.exit("cuda-check: no fxfuse/csrc/cuda/*.cu sources")
     for src in sources:
         obj = os.path.join(out_dir, os.path.basename(src) + ".o")
-        deps = [src, *glob.glob(os.path.join("fxfuse", "csrc", "**", "*.h"), recursive=True),
-                *glob.glob(os.path.join("fxfuse", "csrc", "cuda", "*.cuh"))]
+        deps = [
+            src,
+            *glob.glob(os.path.join("fxfuse", "csrc", "**", "*.h"), recursive=True),
+            *glob.glob(os.path.join("fxfuse", "csrc", "cuda", "*.cuh")),
+        ]
         if os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(d) for d in deps):
             print(f"cuda-check: {src} up to date")
             continue

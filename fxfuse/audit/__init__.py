@@ -1,4 +1,5 @@
 """channels_last memory-format audit: find the ops that silently return NCHW, and restore the format."""
+
 from .channels_last import audit_channels_last
 from .report import ChannelsLastReport, Finding, TensorMeta
 from .restore import restore_channels_last

@@ -7,6 +7,7 @@ sequence number: a node created by an op's autograd kernel takes the number just
 one visible when the op reaches the dispatch mode, and in backward
 `torch._C._current_autograd_node()._sequence_nr()` finds that forward op again.
 """
+
 from __future__ import annotations
 
 import bisect

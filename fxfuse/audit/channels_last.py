@@ -1,4 +1,5 @@
 """audit_channels_last: run a model in channels_last and report every aten op that returns NCHW."""
+
 from __future__ import annotations
 
 import contextlib
@@ -66,9 +67,7 @@ def audit_channels_last(
     origins = None
     if backward:
         origins = AutogradOrigins({id(p): name for name, p in audited.named_parameters()})
-    mode = FormatAuditMode(
-        tracker, SourceLocator({_run_forward.__code__, _run_backward.__code__}), origins, fake=fake
-    )
+    mode = FormatAuditMode(tracker, SourceLocator({_run_forward.__code__, _run_backward.__code__}), origins, fake=fake)
     backward_skipped = None
     try:
         with fake_mode if fake_mode is not None else contextlib.nullcontext():

@@ -6,6 +6,7 @@ calls that look fine on fake tensors are listed as caveats. A difference propaga
 op downstream of such a call sees inputs whose strides may not be the real ones, so its
 findings carry a note too.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -16,8 +17,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .rules import has_mixed_formats, is_channels_last
 
 _FOLLOWS_GRAD = (
-    "with mixed-format inputs the CPU kernel's output follows grad_output, "
-    "the fake (decomposition) output follows self"
+    "with mixed-format inputs the CPU kernel's output follows grad_output, the fake (decomposition) output follows self"
 )
 _BN_BACKWARD = (
     "with mixed-format inputs the CPU kernel's grad_input follows input, the fake (meta) one follows grad_output"

@@ -4,6 +4,7 @@ A 4-D tensor is *channels_last* or *contiguous* (NCHW) only when it is exactly o
 Tensors with one channel (N1HW), 1x1 spatial size (NC11) or no elements satisfy both
 `is_contiguous()` checks at once; they are *ambiguous* and prove nothing either way.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """The dispatch mode that watches every aten op, forward and backward, without patching torch."""
+
 from __future__ import annotations
 
 from dataclasses import replace

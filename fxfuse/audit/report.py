@@ -1,4 +1,5 @@
 """ChannelsLastReport: what the audit found, as data, JSON and a table."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ class TensorMeta:
     memory_format: str
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> "TensorMeta":
+    def of(cls, tensor: torch.Tensor) -> TensorMeta:
         return cls(tuple(tensor.shape), tuple(tensor.stride()), memory_format_of(tensor))
 
     def __str__(self) -> str:

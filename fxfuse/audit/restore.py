@@ -1,4 +1,5 @@
 """restore_channels_last: an FX pass that converts back to channels_last right after each forward loss."""
+
 from __future__ import annotations
 
 import copy
@@ -143,7 +144,7 @@ def _insert_conversions(graph_module: torch.fx.GraphModule, node_names: list[str
         node = nodes[name]
         with graph.inserting_after(node):
             converted = graph.call_method("contiguous", (node,), {"memory_format": torch.channels_last})
-        node.replace_all_uses_with(converted, delete_user_cb=lambda user: user is not converted)
+        node.replace_all_uses_with(converted, delete_user_cb=lambda user, converted=converted: user is not converted)
     graph.lint()
     graph_module.recompile()
 

@@ -4,6 +4,7 @@ An op *loses* the format when one of its 4-D inputs is unambiguously channels_la
 of its 4-D outputs is unambiguously contiguous (NCHW). Views only relabel dims (ConvNeXt's
 NHWC permute is the usual example), so they are reported as info, never as losses.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

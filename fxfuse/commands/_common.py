@@ -1,4 +1,5 @@
 """Helpers shared by the CLI sub-commands: model specs, input shapes, dtypes."""
+
 from __future__ import annotations
 
 import argparse
@@ -62,6 +63,4 @@ def parse_dtype(text: str) -> torch.dtype:
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL_SPEC", help="torchvision:NAME or package.module:factory")
-    parser.add_argument(
-        "--input-shape", required=True, type=parse_shape, metavar="N,C,H,W", help="example input shape"
-    )
+    parser.add_argument("--input-shape", required=True, type=parse_shape, metavar="N,C,H,W", help="example input shape")

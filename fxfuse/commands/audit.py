@@ -3,6 +3,7 @@
 Exit status: 0 when no op loses the format, 1 when some do, 2 on usage errors and on
 models that reject the example input.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """`fxfuse bench MODEL_SPEC --input-shape ... [--modes ...] [--budget ...] [--with ...] [--json]`."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,41 +27,68 @@ def _budgets(text: str) -> list[float]:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "bench", help="measure eager, fxfuse modes and peers side by side (memory and step time)",
+        "bench",
+        help="measure eager, fxfuse modes and peers side by side (memory and step time)",
         description="Train-step benchmark of one model, every variant in this process, each row a ratio to eager: "
-                    "bytes saved for backward (saved_tensors_hooks), resident memory at the end of forward, "
-                    "peak memory during a train step, and median train-step time (interleaved repeats). "
-                    "Random weights and inputs.",
+        "bytes saved for backward (saved_tensors_hooks), resident memory at the end of forward, "
+        "peak memory during a train step, and median train-step time (interleaved repeats). "
+        "Random weights and inputs.",
         epilog="Ratios are to the faster eager baseline of the run: eager NCHW or eager channels_last "
-               "(4-D inputs). example: fxfuse bench torchvision:resnet50 --input-shape 8,3,224,224 "
-               "--modes memory,auto --budget 0.5 --with checkpoint,compile-budget --plot frontier.svg")
+        "(4-D inputs). example: fxfuse bench torchvision:resnet50 --input-shape 8,3,224,224 "
+        "--modes memory,auto --budget 0.5 --with checkpoint,compile-budget --plot frontier.svg",
+    )
     add_model_arguments(parser)
-    parser.add_argument("--modes", type=_csv, default=["memory"], metavar="M[,M...]",
-                        help=f"fxfuse modes to run besides eager: {', '.join(MODES)} (default: memory)")
-    parser.add_argument("--budget", type=_budgets, default=[], metavar="B[,B...]",
-                        help="also run fxfuse with memory_budget=B (fraction of eager's saved activations)")
-    parser.add_argument("--with", dest="peers", type=_csv, default=[], metavar="PEER[,PEER...]",
-                        help=f"peers to compare against: {', '.join(bench.PEERS)} "
-                             "(checkpoint: torch.utils.checkpoint on each top-level block; compile-budget: "
-                             "torch.compile with activation_memory_budget at each --budget)")
+    parser.add_argument(
+        "--modes",
+        type=_csv,
+        default=["memory"],
+        metavar="M[,M...]",
+        help=f"fxfuse modes to run besides eager: {', '.join(MODES)} (default: memory)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=_budgets,
+        default=[],
+        metavar="B[,B...]",
+        help="also run fxfuse with memory_budget=B (fraction of eager's saved activations)",
+    )
+    parser.add_argument(
+        "--with",
+        dest="peers",
+        type=_csv,
+        default=[],
+        metavar="PEER[,PEER...]",
+        help=f"peers to compare against: {', '.join(bench.PEERS)} "
+        "(checkpoint: torch.utils.checkpoint on each top-level block; compile-budget: "
+        "torch.compile with activation_memory_budget at each --budget)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed train steps per variant (default: 5)")
     parser.add_argument("--dtype", type=parse_dtype, default=torch.float32, help="float32 (default) or float64")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--memory-format", choices=("channels_last", "contiguous"), default="channels_last",
-                        help="layout of the model and input for every variant but the eager baselines "
-                             "(4-D inputs; default: channels_last, the faster eager layout for CNNs on CPU)")
-    parser.add_argument("--channels-last", dest="memory_format", action="store_const", const="channels_last",
-                        help=argparse.SUPPRESS)  # the flag before --memory-format
+    parser.add_argument(
+        "--memory-format",
+        choices=("channels_last", "contiguous"),
+        default="channels_last",
+        help="layout of the model and input for every variant but the eager baselines "
+        "(4-D inputs; default: channels_last, the faster eager layout for CNNs on CPU)",
+    )
+    parser.add_argument(
+        "--channels-last", dest="memory_format", action="store_const", const="channels_last", help=argparse.SUPPRESS
+    )  # the flag before --memory-format
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="also draw the memory/time plane to PATH (.svg, .png; "
-                                                      "needs matplotlib: pip install 'fxfuse[plot]')")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="also draw the memory/time plane to PATH (.svg, .png; needs matplotlib: pip install 'fxfuse[plot]')",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     four_d = len(args.input_shape) == 4
-    fmt = (torch.channels_last if args.memory_format == "channels_last" else torch.contiguous_format) if four_d \
-        else None
+    fmt = (
+        (torch.channels_last if args.memory_format == "channels_last" else torch.contiguous_format) if four_d else None
+    )
     names = bench.parse_variants(args.modes, args.budget, args.peers, channels_last_baseline=four_d)
     if args.device == "cpu":
         bench.ensure_malloc_env()
@@ -81,26 +109,42 @@ def run(args: argparse.Namespace) -> int:
     del model
     rows = bench.compare(variants, (x,), repeats=args.repeats, log=log, memory_format=fmt)
     if args.plot:
-        bench.plot_frontier(rows, args.plot, title=f"{args.model}, input {'x'.join(map(str, args.input_shape))}, "
-                                                  f"{args.memory_format}, {args.device}")
+        bench.plot_frontier(
+            rows,
+            args.plot,
+            title=f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {args.memory_format}, {args.device}",
+        )
         log(f"frontier plot written to {args.plot}")
     if args.json:
-        print(json.dumps({
-            "model": args.model, "input_shape": list(args.input_shape), "dtype": str(args.dtype),
-            "device": args.device, "memory_format": args.memory_format if four_d else None,
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "machine": platform.machine(), "rows": bench.to_json(rows),
-            "reports": {name: r.to_dict() for name, r in reports.items()},
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "input_shape": list(args.input_shape),
+                    "dtype": str(args.dtype),
+                    "device": args.device,
+                    "memory_format": args.memory_format if four_d else None,
+                    "threads": torch.get_num_threads(),
+                    "torch": torch.__version__,
+                    "machine": platform.machine(),
+                    "rows": bench.to_json(rows),
+                    "reports": {name: r.to_dict() for name, r in reports.items()},
+                },
+                indent=2,
+            )
+        )
         return 0
     layout = f", variants in {args.memory_format}" if four_d else ""
-    print(f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {str(args.dtype).replace('torch.', '')}, "
-          f"{args.device}{layout}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(
+        f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {str(args.dtype).replace('torch.', '')}, "
+        f"{args.device}{layout}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     print(bench.render(rows))
     for name, report in reports.items():
         fused = len(report.fused)
-        recomputed = sum(1 for s in report.fused if s.op in ("fxfuse::conv_bn_act", "fxfuse::linear_act",
-                                                                 "fxfuse::conv_act"))
+        recomputed = sum(
+            1 for s in report.fused if s.op in ("fxfuse::conv_bn_act", "fxfuse::linear_act", "fxfuse::conv_act")
+        )
         line = f"{name}: {fused} sites fused, {recomputed} recompute a conv/linear"
         if report.budget_met is not None:
             line += f"; budget {report.budget:g} {'met' if report.budget_met else 'NOT met'}"

@@ -1,4 +1,5 @@
 """`fxfuse verify MODEL_SPEC --input-shape N,C,H,W`: exit 0 when the optimized model is equivalent, 1 when not."""
+
 from __future__ import annotations
 
 import argparse

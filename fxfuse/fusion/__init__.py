@@ -11,6 +11,7 @@
 Each layer calls only the ones listed above it. (`_rebuild` stays importable here:
 pickles of optimized models name it `fxfuse.fusion._rebuild`.)
 """
+
 from .optimize import MODES, Options, _rebuild, explain, is_optimized, optimize  # noqa: F401
 from .report import FusionReport
 

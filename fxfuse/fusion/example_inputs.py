@@ -9,6 +9,7 @@ there is eager's own error. The user's model is not touched. The check runs in e
 mode: example inputs size the model, and a batch of one, which training-mode
 BatchNorm rejects after global pooling, is a fine size.
 """
+
 from __future__ import annotations
 
 import copy

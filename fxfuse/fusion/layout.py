@@ -8,6 +8,7 @@ format, and one forward+backward of the eager model at batch 1 of the example in
 measures faster in channels_last than in the current layout on this device and dtype.
 The report says what was chosen and why.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,14 +32,19 @@ class LayoutDecision:
 
 def to_channels_last(args: Sequence[Any]) -> tuple:
     """`args` with every 4-D floating tensor in channels_last."""
-    return tuple(a.contiguous(memory_format=torch.channels_last)
-                 if isinstance(a, torch.Tensor) and a.dim() == 4 and a.is_floating_point() else a for a in args)
+    return tuple(
+        a.contiguous(memory_format=torch.channels_last)
+        if isinstance(a, torch.Tensor) and a.dim() == 4 and a.is_floating_point()
+        else a
+        for a in args
+    )
 
 
 def is_channels_last(model: nn.Module) -> bool:
     weights = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
-    return bool(weights) and all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
-                                 for w in weights)
+    return bool(weights) and all(
+        w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() for w in weights
+    )
 
 
 def decide(model: nn.Module, inputs: Optional[tuple], memory_format: str) -> LayoutDecision:
@@ -59,14 +65,21 @@ def decide(model: nn.Module, inputs: Optional[tuple], memory_format: str) -> Lay
     if report.findings:
         first = report.findings[0]
         where = f"{first.op} in {first.module}" if first.module else first.op
-        return LayoutDecision(False, f"auto: channels_last would be lost at {where} "
-                                     f"({len(report.findings)} op sites; see fxfuse.audit_channels_last)")
+        return LayoutDecision(
+            False,
+            f"auto: channels_last would be lost at {where} "
+            f"({len(report.findings)} op sites; see fxfuse.audit_channels_last)",
+        )
     nchw, cl = _step_seconds(model, inputs)
     if cl >= nchw:
-        return LayoutDecision(False, f"auto: channels_last measured no faster here ({cl / nchw:.2f}x the current "
-                                     f"layout's forward+backward at batch 1)")
-    return LayoutDecision(True, f"auto: no format loss, and {cl / nchw:.2f}x the current layout's "
-                                f"forward+backward time at batch 1")
+        return LayoutDecision(
+            False,
+            f"auto: channels_last measured no faster here ({cl / nchw:.2f}x the current "
+            f"layout's forward+backward at batch 1)",
+        )
+    return LayoutDecision(
+        True, f"auto: no format loss, and {cl / nchw:.2f}x the current layout's forward+backward time at batch 1"
+    )
 
 
 def _step_seconds(model: nn.Module, inputs: tuple) -> tuple[float, float]:

@@ -10,6 +10,7 @@ FX bakes `self.training` reads into the graph, so the optimized forward keys its
 compiled graphs on the `training` flags of the modules it traced through and
 traces again when they change (e.g. after `.eval()`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -59,15 +60,16 @@ class Options:
 
 def _unprefix(name: str, path: str) -> Optional[str]:
     if name.startswith(path + "."):
-        return name[len(path) + 1:]
+        return name[len(path) + 1 :]
     if name.startswith(path + ":"):
-        return name[len(path):]
+        return name[len(path) :]
     return None
 
 
 @dataclass
 class _State:
     """What an optimized module carries (in its __dict__, outside the module tree)."""
+
     options: Options
     key_modules: list[nn.Module]
     graphs: dict[tuple, Callable] = field(default_factory=dict)
@@ -107,13 +109,17 @@ _CLASSES: dict[type, type] = {}
 
 def _fused_class(cls: type) -> type:
     if cls not in _CLASSES:
-        _CLASSES[cls] = type(cls.__name__, (cls,), {
-            "forward": _fused_forward,
-            "__reduce_ex__": _reduce_ex,
-            "_fxfuse_original_class": cls,
-            "__module__": cls.__module__,
-            "__qualname__": cls.__qualname__,
-        })
+        _CLASSES[cls] = type(
+            cls.__name__,
+            (cls,),
+            {
+                "forward": _fused_forward,
+                "__reduce_ex__": _reduce_ex,
+                "_fxfuse_original_class": cls,
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+            },
+        )
     return _CLASSES[cls]
 
 
@@ -146,8 +152,14 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
             shape_map = shapes.propagate(root, traced.graph, example_inputs)
         except Exception as exc:  # noqa: BLE001 - estimates are optional
             report.notes.append(f"could not propagate shapes from the example inputs: {type(exc).__name__}: {exc}")
-    ctx = PassContext(traced.graph, root, state.options.pass_mode, report, shape_map,
-                      set(state.options.allowed) if state.options.allowed is not None else None)
+    ctx = PassContext(
+        traced.graph,
+        root,
+        state.options.pass_mode,
+        report,
+        shape_map,
+        set(state.options.allowed) if state.options.allowed is not None else None,
+    )
     run_passes(ctx)
     fn = tracing.compile_graph(traced.graph)
     key = _key(state)
@@ -191,14 +203,17 @@ def _install(module: nn.Module, options: Options, example_inputs=None) -> _State
 
 def _is_library_module(m: nn.Module) -> bool:
     return type(m).__module__.startswith(("torch.nn", "torch.ao.nn")) and not isinstance(
-        m, (nn.Sequential, nn.ModuleList, nn.ModuleDict))
+        m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    )
 
 
 def _prefixed(report: FusionReport, prefix: str) -> FusionReport:
     if not prefix:
         return report
+
     def names(ms):
         return tuple(f"{prefix}.{m}" if m and not m.startswith(":") else f"{prefix}{m}" for m in ms)
+
     return FusionReport(
         report.mode,
         [dataclasses.replace(s, modules=names(s.modules)) for s in report.fused],
@@ -207,8 +222,9 @@ def _prefixed(report: FusionReport, prefix: str) -> FusionReport:
     )
 
 
-def _optimize_tree(module: nn.Module, path: str, options: Options, example_inputs, report: FusionReport,
-                   install: bool) -> int:
+def _optimize_tree(
+    module: nn.Module, path: str, options: Options, example_inputs, report: FusionReport, install: bool
+) -> int:
     """Optimize `module` if it traces, else its largest traceable submodules. Returns #roots optimized."""
     state = _State(options, key_modules=[])
     try:
@@ -218,11 +234,13 @@ def _optimize_tree(module: nn.Module, path: str, options: Options, example_input
         report.notes.append(
             f"{path or type(module).__name__}: forward is not traceable ({type(exc).__name__}: "
             f"{tracing.first_line(exc)}); optimizing its submodules instead"
-            + ("" if children else " (it has none that fxfuse could trace)"))
+            + ("" if children else " (it has none that fxfuse could trace)")
+        )
         roots = 0
         for name, child in children:
-            roots += _optimize_tree(child, f"{path}.{name}" if path else name, options.scoped(name), None, report,
-                                    install)
+            roots += _optimize_tree(
+                child, f"{path}.{name}" if path else name, options.scoped(name), None, report, install
+            )
         return roots
     sub = state.reports[_key(state)]
     leaf_failures = dict(state.last_leaf_failures)
@@ -239,8 +257,9 @@ def _optimize_tree(module: nn.Module, path: str, options: Options, example_input
         full = f"{path}.{leaf_path}" if path else leaf_path
         for name, child in leaf.named_children():
             if not _is_library_module(child):
-                roots += _optimize_tree(child, f"{full}.{name}", options.scoped(f"{leaf_path}.{name}"), None,
-                                        report, install)
+                roots += _optimize_tree(
+                    child, f"{full}.{name}", options.scoped(f"{leaf_path}.{name}"), None, report, install
+                )
     return roots
 
 
@@ -252,32 +271,40 @@ def _normalize_inputs(example_inputs) -> Optional[tuple]:
     if isinstance(example_inputs, (list, tuple)):
         return tuple(example_inputs)
     raise ConfigurationError(
-        f"example_inputs must be a tensor or a tuple of forward() arguments, got {type(example_inputs).__name__}")
+        f"example_inputs must be a tensor or a tuple of forward() arguments, got {type(example_inputs).__name__}"
+    )
 
 
 def _check(model, mode: str, memory_budget, example_inputs, memory_format: str = "preserve") -> None:
     if not isinstance(model, nn.Module):
         raise ConfigurationError(f"fxfuse.optimize expects an nn.Module, got {type(model).__name__}")
     if memory_format not in layout.MEMORY_FORMATS:
-        raise ConfigurationError(f"memory_format must be one of {', '.join(map(repr, layout.MEMORY_FORMATS))}, "
-                                 f"got {memory_format!r}")
+        raise ConfigurationError(
+            f"memory_format must be one of {', '.join(map(repr, layout.MEMORY_FORMATS))}, got {memory_format!r}"
+        )
     if mode not in MODES:
         raise ConfigurationError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     if memory_budget is not None:
-        if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)) or not (
-                0 < memory_budget <= 1):
+        if (
+            isinstance(memory_budget, bool)
+            or not isinstance(memory_budget, (int, float))
+            or not (0 < memory_budget <= 1)
+        ):
             raise ConfigurationError(
                 f"memory_budget is a fraction of eager's saved activation bytes in (0, 1], e.g. 0.7; "
-                f"got {memory_budget!r}")
+                f"got {memory_budget!r}"
+            )
         if example_inputs is None:
             raise ConfigurationError(
                 f"memory_budget={memory_budget} needs example_inputs to size every site: "
                 f"fxfuse.optimize({type(model).__name__.lower()}, example_inputs=torch.randn(8, 3, 224, 224), "
-                f"memory_budget={memory_budget}) (shapes only: no real compute is done with them)")
+                f"memory_budget={memory_budget}) (shapes only: no real compute is done with them)"
+            )
         if mode == "fast":
             raise ConfigurationError(
                 "mode='fast' never recomputes convolutions, so a memory_budget cannot steer it; "
-                "use mode='memory' or mode='auto' with memory_budget")
+                "use mode='memory' or mode='auto' with memory_budget"
+            )
     _extension.require()
 
 
@@ -296,13 +323,15 @@ def _run(model: nn.Module, example_inputs, options: Options, install: bool) -> F
             f"fxfuse could not trace {type(model).__name__} nor any of its submodules, so nothing was optimized. "
             + " ".join(report.notes)
             + " Make the forward traceable by torch.fx (no Python control flow on tensor values), "
-              "or optimize the traceable parts yourself: fxfuse.optimize(model.backbone).")
+            "or optimize the traceable parts yourself: fxfuse.optimize(model.backbone)."
+        )
     return report
 
 
 def _selection_bytes(model: nn.Module, inputs: tuple, allowed: frozenset) -> int:
     return measure.saved_activation_bytes_meta(
-        model, inputs, prepare=lambda trial: _run(trial, None, Options("memory", allowed), install=True))
+        model, inputs, prepare=lambda trial: _run(trial, None, Options("memory", allowed), install=True)
+    )
 
 
 def _decide(model: nn.Module, inputs, mode: str, memory_budget) -> tuple[Options, Optional[policy.Decision]]:
@@ -315,14 +344,19 @@ def _decide(model: nn.Module, inputs, mode: str, memory_budget) -> tuple[Options
         decision = policy.choose_auto(model, memory, fast)
     else:
         decision = policy.choose_budget(
-            model, memory, fast, float(memory_budget),
+            model,
+            memory,
+            fast,
+            float(memory_budget),
             eager_bytes=lambda: measure.saved_activation_bytes_meta(model, inputs),
-            selection_bytes=lambda allowed: _selection_bytes(model, inputs, allowed))
+            selection_bytes=lambda allowed: _selection_bytes(model, inputs, allowed),
+        )
     return Options(mode, decision.allowed, memory_budget), decision
 
 
-def _optimized(model: nn.Module, example_inputs, mode: str, memory_budget, memory_format: str,
-               install: bool) -> FusionReport:
+def _optimized(
+    model: nn.Module, example_inputs, mode: str, memory_budget, memory_format: str, install: bool
+) -> FusionReport:
     inputs = _normalize_inputs(example_inputs)
     chosen = layout.decide(model, inputs, memory_format)
     if chosen.channels_last and inputs is not None:
@@ -338,8 +372,14 @@ def _optimized(model: nn.Module, example_inputs, mode: str, memory_budget, memor
     return report
 
 
-def optimize(model: nn.Module, example_inputs=None, *, mode: str = "memory",
-             memory_budget: Optional[float] = None, memory_format: str = "preserve") -> nn.Module:
+def optimize(
+    model: nn.Module,
+    example_inputs=None,
+    *,
+    mode: str = "memory",
+    memory_budget: Optional[float] = None,
+    memory_format: str = "preserve",
+) -> nn.Module:
     """Rewrite `model` in place so that its Conv→BN(→act), BN→act and Linear/Conv→act patterns run as fused ops.
 
     Returns `model` itself (now an instance of a generated subclass of its class) with
@@ -369,8 +409,14 @@ def optimize(model: nn.Module, example_inputs=None, *, mode: str = "memory",
     return model
 
 
-def explain(model: nn.Module, example_inputs=None, *, mode: str = "memory",
-            memory_budget: Optional[float] = None, memory_format: str = "preserve") -> FusionReport:
+def explain(
+    model: nn.Module,
+    example_inputs=None,
+    *,
+    mode: str = "memory",
+    memory_budget: Optional[float] = None,
+    memory_format: str = "preserve",
+) -> FusionReport:
     """What `optimize` would fuse and skip (and why), without changing `model`."""
     _check(model, mode, memory_budget, example_inputs, memory_format)
     _check_example_inputs(model, example_inputs)

@@ -17,6 +17,7 @@ selection is a prefix of that one ranking, so a tighter budget never saves less:
 * mode="auto": the upgrades that cost at most AUTO_MAX_FLOPS_PER_BYTE, e.g. depthwise
   convs and 1×1 convs with few input channels.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,6 +54,7 @@ class Candidate:
 @dataclass
 class Decision:
     """The policy's choice, and what it measured on the way."""
+
     allowed: frozenset  # site names the passes may rewrite
     policy: str  # "auto" or "budget"
     chosen: list[Candidate]
@@ -118,8 +120,14 @@ def choose_auto(model: nn.Module, memory: FusionReport, fast: FusionReport) -> D
     return Decision(allowed, "auto", chosen, rejected, fallback)
 
 
-def choose_budget(model: nn.Module, memory: FusionReport, fast: FusionReport, budget: float,
-                  eager_bytes: Callable[[], int], selection_bytes: Callable[[frozenset], int]) -> Decision:
+def choose_budget(
+    model: nn.Module,
+    memory: FusionReport,
+    fast: FusionReport,
+    budget: float,
+    eager_bytes: Callable[[], int],
+    selection_bytes: Callable[[frozenset], int],
+) -> Decision:
     """The cheapest prefix of the ranking that meets `budget` (else all upgrades, and say so)."""
     upgrades, pointwise = candidates(model, memory, fast)
     decision = Decision(frozenset(), "budget", [], list(upgrades), budget=budget)
@@ -155,8 +163,10 @@ def choose_budget(model: nn.Module, memory: FusionReport, fast: FusionReport, bu
         try:
             measured = selection_bytes(allowed)
         except Exception as exc:  # noqa: BLE001
-            decision.notes.append(f"could not count the selection's saved activations on the meta device "
-                                  f"({type(exc).__name__}: {exc}); chose by the per-site estimates")
+            decision.notes.append(
+                f"could not count the selection's saved activations on the meta device "
+                f"({type(exc).__name__}: {exc}); chose by the per-site estimates"
+            )
             measured = None
         decision.allowed, decision.fallback_names = allowed, fallback
         decision.chosen, decision.rejected = upgrades[:k], upgrades[k:]
@@ -168,22 +178,27 @@ def choose_budget(model: nn.Module, memory: FusionReport, fast: FusionReport, bu
     if decision.met is False:
         decision.notes.append(
             f"memory budget {budget:.2f}× is not reachable: fusing every site keeps "
-            f"{decision.selected_bytes / decision.eager_bytes:.3f}× of eager's saved activations; fused all it can")
+            f"{decision.selected_bytes / decision.eager_bytes:.3f}× of eager's saved activations; fused all it can"
+        )
     return decision
 
 
 def annotate(report: FusionReport, decision: Decision) -> None:
     """Say in the report what the policy chose and why."""
     by_name = {c.site.modules: c for c in decision.chosen}
-    limit = (f"budget {decision.budget:.2f}×" if decision.policy == "budget"
-             else f"auto: ≤ {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B")
+    limit = (
+        f"budget {decision.budget:.2f}×"
+        if decision.policy == "budget"
+        else f"auto: ≤ {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B"
+    )
     for site in report.fused:
         site.mode = report.mode
         why = None
         if site.modules in by_name:
             why = f"{limit}: {by_name[site.modules].describe()}"
         elif site.modules in decision.fallback_names and any(
-                set(site.modules) & set(c.site.modules) for c in decision.rejected):
+            set(site.modules) & set(c.site.modules) for c in decision.rejected
+        ):
             why = f"{limit}: pointwise recompute only"
         if why:
             site.reason = f"{why}; {site.reason}" if site.reason else why
@@ -192,8 +207,9 @@ def annotate(report: FusionReport, decision: Decision) -> None:
             why = "the budget is met without it"
         else:
             why = f"above the auto limit of {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B"
-        report.skipped.append(SkippedSite(c.site.modules, c.site.pattern,
-                                          f"recompute not chosen: {c.describe()}, {why}"))
+        report.skipped.append(
+            SkippedSite(c.site.modules, c.site.pattern, f"recompute not chosen: {c.describe()}, {why}")
+        )
     report.budget = decision.budget
     report.eager_saved_bytes = decision.eager_bytes
     report.selected_saved_bytes = decision.selected_bytes
@@ -203,4 +219,5 @@ def annotate(report: FusionReport, decision: Decision) -> None:
         report.notes.append(
             f"memory budget {decision.budget:.2f}× {'met' if decision.met else 'NOT met'}: saved activations "
             f"{format_bytes(decision.selected_bytes)} of eager's {format_bytes(decision.eager_bytes)} "
-            f"({decision.selected_bytes / decision.eager_bytes:.3f}×, counted on the meta device)")
+            f"({decision.selected_bytes / decision.eager_bytes:.3f}×, counted on the meta device)"
+        )

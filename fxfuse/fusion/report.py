@@ -1,4 +1,5 @@
 """FusionReport: what fxfuse fused, what it skipped and why, rendered with tabulate."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -72,17 +73,34 @@ class FusionReport:
         return None if not values or any(v is None for v in values) else sum(values)
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "fused": [asdict(s) for s in self.fused],
-                "skipped": [asdict(s) for s in self.skipped], "notes": list(self.notes),
-                "saved_bytes": self.saved_bytes, "budget": self.budget,
-                "eager_saved_bytes": self.eager_saved_bytes, "selected_saved_bytes": self.selected_saved_bytes,
-                "budget_met": self.budget_met, "layout": self.layout}
+        return {
+            "mode": self.mode,
+            "fused": [asdict(s) for s in self.fused],
+            "skipped": [asdict(s) for s in self.skipped],
+            "notes": list(self.notes),
+            "saved_bytes": self.saved_bytes,
+            "budget": self.budget,
+            "eager_saved_bytes": self.eager_saved_bytes,
+            "selected_saved_bytes": self.selected_saved_bytes,
+            "budget_met": self.budget_met,
+            "layout": self.layout,
+        }
 
     def __str__(self) -> str:
         lines = [f"fxfuse fusion report (mode={self.mode}): {len(self.fused)} fused, {len(self.skipped)} skipped"]
         if self.fused:
-            rows = [(s.name, s.pattern, s.op, s.mode, format_bytes(s.saved_bytes), format_flops(s.recompute_flops),
-                     s.reason) for s in self.fused]
+            rows = [
+                (
+                    s.name,
+                    s.pattern,
+                    s.op,
+                    s.mode,
+                    format_bytes(s.saved_bytes),
+                    format_flops(s.recompute_flops),
+                    s.reason,
+                )
+                for s in self.fused
+            ]
             lines.append(tabulate(rows, headers=["fused", "pattern", "op", "mode", "saves", "recompute", "why"]))
             if self.saved_bytes is not None:
                 lines.append(f"total activation memory saved: {format_bytes(self.saved_bytes)}")

@@ -7,6 +7,7 @@ their owners. Functional-form sites call the ops in fxfuse.ops directly. Calls t
 fused kernels cannot serve exactly run the modules themselves (eager semantics and
 eager errors). Also `gelu_where_faster`, which rewritten standalone GELUs call.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -58,19 +59,37 @@ def _eager_bn_act(y: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> 
 
 def conv_bn_act_module(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(conv(x)))`, keeping only `x` for backward."""
-    if not (layer_kernels_apply(x, (conv.weight, conv.bias), _bn_tensors(bn))
-            and x.shape[1] == conv.in_channels and bn.num_features == conv.out_channels):
+    if not (
+        layer_kernels_apply(x, (conv.weight, conv.bias), _bn_tensors(bn))
+        and x.shape[1] == conv.in_channels
+        and bn.num_features == conv.out_channels
+    ):
         return _eager_bn_act(conv(x), bn, act, act_param)
     x, padding = _conv_input(x, conv)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
     return ops.conv_bn_act(
-        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
-        running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
+        x,
+        conv.weight,
+        conv.bias,
+        conv.stride,
+        padding,
+        conv.dilation,
+        conv.groups,
+        running_mean,
+        running_var,
+        bn.weight,
+        bn.bias,
+        batch_stats,
+        momentum,
+        bn.eps,
+        act,
+        act_param,
     )
 
 
-def conv2d_output_like(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0,
-                       dilation=1, groups=1) -> Tensor:
+def conv2d_output_like(
+    input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1, padding=0, dilation=1, groups=1
+) -> Tensor:
     """A tensor with the shape, dtype and device of `F.conv2d(input, ...)`'s output, holding no data.
 
     It stands in for a fused conv's output where the graph reads only its metadata
@@ -88,11 +107,15 @@ def conv_module_output_like(x: Tensor, conv: nn.Conv2d) -> Tensor:
 
 def _output_like(meta_input: Tensor, device: torch.device, weight, bias, stride, padding, dilation, groups):
     with torch.no_grad():
-        meta = F.conv2d(meta_input, weight.to("meta"), None if bias is None else bias.to("meta"),
-                        stride, padding, dilation, groups)
+        meta = F.conv2d(
+            meta_input, weight.to("meta"), None if bias is None else bias.to("meta"), stride, padding, dilation, groups
+        )
     dtype = meta.dtype
-    if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type) and dtype in (
-            torch.float32, torch.float16, torch.bfloat16):
+    if (
+        torch.amp.is_autocast_available(device.type)
+        and torch.is_autocast_enabled(device.type)
+        and dtype in (torch.float32, torch.float16, torch.bfloat16)
+    ):
         dtype = torch.get_autocast_dtype(device.type)
     return torch.empty((), dtype=dtype, device=device).expand(meta.shape)
 
@@ -100,8 +123,7 @@ def _output_like(meta_input: Tensor, device: torch.device, weight, bias, stride,
 def conv_act_module(x: Tensor, conv: nn.Conv2d, act: str, act_param: float) -> Tensor:
     """`act(conv(x))`, keeping only `x` for backward."""
     x, padding = _conv_input(x, conv)
-    return ops.conv_act(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
-                                   act, act_param)
+    return ops.conv_act(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, act, act_param)
 
 
 def linear_act_module(x: Tensor, linear: nn.Linear, act: str, act_param: float) -> Tensor:
@@ -127,8 +149,9 @@ GELU_FAST_MIN_NUMEL = 1 << 20
 _GELU_FAST = "fxfuse::gelu measured faster than eager for channels_last float32 CPU inputs"
 
 
-def gelu_rule(approximate: str, dtype: Optional[torch.dtype] = None, shape=None,
-              channels_last: bool = False) -> tuple[bool, str]:
+def gelu_rule(
+    approximate: str, dtype: Optional[torch.dtype] = None, shape=None, channels_last: bool = False
+) -> tuple[bool, str]:
     """(whether fxfuse::gelu was measured faster than F.gelu for such a CPU input, why).
 
     `channels_last`: the input is channels_last and not also contiguous. The GELU pass
@@ -153,9 +176,16 @@ def gelu_rule(approximate: str, dtype: Optional[torch.dtype] = None, shape=None,
 
 def gelu_is_faster(input: Tensor, approximate: str) -> bool:
     """Whether fxfuse::gelu was measured faster than F.gelu for a call like this one."""
-    return (isinstance(input, Tensor) and input.device.type == "cpu" and gelu_rule(
-        approximate, input.dtype, input.shape,
-        input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous())[0])
+    return (
+        isinstance(input, Tensor)
+        and input.device.type == "cpu"
+        and gelu_rule(
+            approximate,
+            input.dtype,
+            input.shape,
+            input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous(),
+        )[0]
+    )
 
 
 def gelu_where_faster(input: Tensor, approximate: str = "none") -> Tensor:
@@ -182,8 +212,15 @@ def add_into(fresh: Tensor, other: Any) -> Tensor:
 
 
 def _can_add_into(fresh: Tensor, other: Tensor) -> bool:
-    return (other is not fresh and fresh.layout == torch.strided and other.layout == torch.strided
-            and other.dtype == fresh.dtype and other.device == fresh.device
-            and other.shape == fresh.shape and other.stride() == fresh.stride()
-            and not fresh._is_view() and not (fresh.is_leaf and fresh.requires_grad)
-            and (not fresh.is_inference() or torch.is_inference_mode_enabled()))
+    return (
+        other is not fresh
+        and fresh.layout == torch.strided
+        and other.layout == torch.strided
+        and other.dtype == fresh.dtype
+        and other.device == fresh.device
+        and other.shape == fresh.shape
+        and other.stride() == fresh.stride()
+        and not fresh._is_view()
+        and not (fresh.is_leaf and fresh.requires_grad)
+        and (not fresh.is_inference() or torch.is_inference_mode_enabled())
+    )

@@ -1,4 +1,5 @@
 """Tensor shapes of a traced graph from example inputs, without real compute (meta device, else FakeTensor)."""
+
 from __future__ import annotations
 
 import contextlib

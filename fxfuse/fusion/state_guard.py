@@ -7,6 +7,7 @@ a proxied buffer rebinds the attribute to an fx Proxy. Neither is in the graph.
 `StateGuard` snapshots every tensor (with its version counter) and the attribute
 bindings of a module tree, names what changed while tracing, and puts it back.
 """
+
 from __future__ import annotations
 
 from typing import Iterator

@@ -14,6 +14,7 @@
  * it records which modules were traced through: their `training` flags are baked
    into the graph, so the optimized model keys its graphs on them.
 """
+
 from __future__ import annotations
 
 import collections
@@ -77,8 +78,11 @@ class FxFuseTracer(fx.Tracer):
             self.module_stack = module_stack
             self.num_calls = num_calls
             del self.traced_modules[n_traced:]
-            self.leaf_failures[path] = str(failure) if isinstance(failure, _ChangesState) else (
-                f"{type(failure).__name__}: {first_line(failure)}")
+            self.leaf_failures[path] = (
+                str(failure)
+                if isinstance(failure, _ChangesState)
+                else (f"{type(failure).__name__}: {first_line(failure)}")
+            )
             return super().call_module(m, forward, args, kwargs)
         if path not in self.traced_modules:
             self.traced_modules.append(path)
@@ -98,7 +102,8 @@ class _ChangesState(Exception):
     def __init__(self, names: list[str]) -> None:
         super().__init__(
             f"its forward changes {', '.join(names)} in a way torch.fx cannot record (assignment, or an in-place "
-            f"write to a tensor that is not a registered buffer); buffers updated in place are recorded")
+            f"write to a tensor that is not a registered buffer); buffers updated in place are recorded"
+        )
 
 
 def first_line(exc: BaseException) -> str:
@@ -137,5 +142,3 @@ def compile_graph(graph: fx.Graph):
     code = graph.python_code(root_module="self")
     fn = fx.graph_module._forward_from_src(code.src, code.globals)
     return fn
-
-

@@ -4,17 +4,27 @@
 `fxfuse.measure.bench` runs model variants side by side and renders the comparison
 (`fxfuse bench`).
 """
+
 from .memory import (
-                     forward_resident_bytes,
-                     median_step_times,
-                     meta_copy,
-                     rss_bytes,
-                     saved_activation_bytes,
-                     saved_activation_bytes_meta,
-                     step_peak_bytes,
-                     to_meta,
-                     train_step,
+    forward_resident_bytes,
+    median_step_times,
+    meta_copy,
+    rss_bytes,
+    saved_activation_bytes,
+    saved_activation_bytes_meta,
+    step_peak_bytes,
+    to_meta,
+    train_step,
 )
 
-__all__ = ["forward_resident_bytes", "median_step_times", "meta_copy", "rss_bytes", "saved_activation_bytes",
-           "saved_activation_bytes_meta", "step_peak_bytes", "to_meta", "train_step"]
+__all__ = [
+    "forward_resident_bytes",
+    "median_step_times",
+    "meta_copy",
+    "rss_bytes",
+    "saved_activation_bytes",
+    "saved_activation_bytes_meta",
+    "step_peak_bytes",
+    "to_meta",
+    "train_step",
+]

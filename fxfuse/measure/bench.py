@@ -13,6 +13,7 @@ Variants: "eager" (NCHW) and "eager-channels_last"; fxfuse modes "fast", "memory
 (torch.compile) and "compile-budget=0.7" (torch.compile with AOTAutograd's
 activation_memory_budget=0.7, its knapsack over which activations to recompute).
 """
+
 from __future__ import annotations
 
 import copy
@@ -90,6 +91,7 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
     A top-level nn.Sequential (ResNet's layer1, EfficientNet's features) is a list of
     blocks, not a block: its children are checkpointed one by one.
     """
+
     def wrap(parent: nn.Module) -> None:
         for name, child in list(parent.named_children()):
             if not any(True for _ in child.parameters()):
@@ -131,8 +133,9 @@ class BudgetCompiled(nn.Module):
             return self._entry(self.model, *args, **kwargs)
 
 
-def parse_variants(modes: Sequence[str], budgets: Sequence[float] = (), peers: Sequence[str] = (),
-                   channels_last_baseline: bool = False) -> list[str]:
+def parse_variants(
+    modes: Sequence[str], budgets: Sequence[float] = (), peers: Sequence[str] = (), channels_last_baseline: bool = False
+) -> list[str]:
     """Variant names in table order, eager first; bad names raise ConfigurationError.
 
     `channels_last_baseline` adds eager in channels_last beside eager NCHW (4-D inputs).
@@ -172,12 +175,14 @@ def variant_layout(name: str, memory_format: torch.memory_format) -> torch.memor
 
 def in_layout(inputs: Sequence[Any], memory_format: torch.memory_format) -> tuple:
     """`inputs` with every 4-D tensor in `memory_format`."""
-    return tuple(x.contiguous(memory_format=memory_format) if isinstance(x, torch.Tensor) and x.dim() == 4 else x
-                 for x in inputs)
+    return tuple(
+        x.contiguous(memory_format=memory_format) if isinstance(x, torch.Tensor) and x.dim() == 4 else x for x in inputs
+    )
 
 
-def make_variant(name: str, model: nn.Module, example_inputs: Sequence[Any],
-                 memory_format: Optional[torch.memory_format] = None) -> nn.Module:
+def make_variant(
+    name: str, model: nn.Module, example_inputs: Sequence[Any], memory_format: Optional[torch.memory_format] = None
+) -> nn.Module:
     """A fresh copy of `model` set up as variant `name` (see parse_variants), in `memory_format` if given
     (the eager baselines always in their own)."""
     copied = copy.deepcopy(model)
@@ -200,13 +205,19 @@ def make_variant(name: str, model: nn.Module, example_inputs: Sequence[Any],
     raise ConfigurationError(f"unknown variant {name!r}")
 
 
-def variants_for(model: nn.Module, modes: Sequence[str], example_inputs: Optional[Sequence[Any]] = None
-                 ) -> dict[str, nn.Module]:
+def variants_for(
+    model: nn.Module, modes: Sequence[str], example_inputs: Optional[Sequence[Any]] = None
+) -> dict[str, nn.Module]:
     """eager (the model itself) and fxfuse.optimize in each mode."""
     out: dict[str, nn.Module] = {}
     for mode in modes:
-        out[mode] = model if mode == "eager" else optimize(
-            copy.deepcopy(model), tuple(example_inputs) if example_inputs is not None else None, mode=mode)
+        out[mode] = (
+            model
+            if mode == "eager"
+            else optimize(
+                copy.deepcopy(model), tuple(example_inputs) if example_inputs is not None else None, mode=mode
+            )
+        )
     return out
 
 
@@ -225,12 +236,17 @@ def _peak_bytes(model: nn.Module, inputs: Sequence[Any]) -> Optional[int]:
     return memory.step_peak_bytes(lambda: memory.train_step(model, inputs))
 
 
-def compare(variants: dict[str, nn.Module], inputs: Sequence[Any], repeats: int = 5,
-            log: Callable[[str], None] = lambda s: None,
-            memory_format: Optional[torch.memory_format] = None) -> list[Row]:
+def compare(
+    variants: dict[str, nn.Module],
+    inputs: Sequence[Any],
+    repeats: int = 5,
+    log: Callable[[str], None] = lambda s: None,
+    memory_format: Optional[torch.memory_format] = None,
+) -> list[Row]:
     """Measure every variant. The baseline of the ratios is the fastest eager variant
     (`is_baseline`), else the first. With `memory_format`, each variant gets the inputs
     in its own layout (`variant_layout`)."""
+
     def inputs_of(name: str) -> tuple:
         return tuple(inputs) if memory_format is None else in_layout(inputs, variant_layout(name, memory_format))
 
@@ -246,7 +262,8 @@ def compare(variants: dict[str, nn.Module], inputs: Sequence[Any], repeats: int 
     log(f"timing train steps ({repeats} interleaved repeats)")
     times = memory.median_step_times(
         {name: (lambda m=model, x=inputs_of(name): memory.train_step(m, x)) for name, model in variants.items()},
-        repeats=repeats)
+        repeats=repeats,
+    )
     baselines = [name for name in variants if is_baseline(name)] or [next(iter(variants))]
     base = min(baselines, key=times.__getitem__)
 
@@ -255,14 +272,25 @@ def compare(variants: dict[str, nn.Module], inputs: Sequence[Any], repeats: int 
             return None
         return values[name] / values[base]
 
-    return [Row(name, saved[name], resident[name], times[name], ratio(saved, name) or 0.0,
-                ratio(resident, name) or 0.0, times[name] / times[base], peak[name], ratio(peak, name),
-                baseline=name == base)
-            for name in variants]
+    return [
+        Row(
+            name,
+            saved[name],
+            resident[name],
+            times[name],
+            ratio(saved, name) or 0.0,
+            ratio(resident, name) or 0.0,
+            times[name] / times[base],
+            peak[name],
+            ratio(peak, name),
+            baseline=name == base,
+        )
+        for name in variants
+    ]
 
 
 def render(rows: list[Row]) -> str:
-    mib = 2 ** 20
+    mib = 2**20
 
     def size(n: Optional[int]) -> str:
         return "-" if n is None else f"{n / mib:.1f} MiB"
@@ -270,10 +298,34 @@ def render(rows: list[Row]) -> str:
     def x(r: Optional[float]) -> str:
         return "-" if r is None else f"{r:.3f}"
 
-    table = [(r.variant + (" (baseline)" if r.baseline else ""), size(r.saved_bytes), x(r.saved_ratio), size(r.resident_bytes), x(r.resident_ratio),
-              size(r.peak_bytes), x(r.peak_ratio), f"{r.step_seconds * 1e3:.0f} ms", x(r.time_ratio)) for r in rows]
-    return tabulate(table, headers=["variant", "saved for backward", "ratio", "resident at end of fwd", "ratio",
-                                    "peak in step", "ratio", "train step", "ratio"])
+    table = [
+        (
+            r.variant + (" (baseline)" if r.baseline else ""),
+            size(r.saved_bytes),
+            x(r.saved_ratio),
+            size(r.resident_bytes),
+            x(r.resident_ratio),
+            size(r.peak_bytes),
+            x(r.peak_ratio),
+            f"{r.step_seconds * 1e3:.0f} ms",
+            x(r.time_ratio),
+        )
+        for r in rows
+    ]
+    return tabulate(
+        table,
+        headers=[
+            "variant",
+            "saved for backward",
+            "ratio",
+            "resident at end of fwd",
+            "ratio",
+            "peak in step",
+            "ratio",
+            "train step",
+            "ratio",
+        ],
+    )
 
 
 def to_json(rows: list[Row]) -> list[dict]:

@@ -6,6 +6,7 @@
   (run with MALLOC_MMAP_THRESHOLD_=65536 so freed blocks go back to the OS);
 * time: median train step, reported as a ratio against eager measured in the same process.
 """
+
 from __future__ import annotations
 
 import copy
@@ -63,12 +64,15 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 def to_meta(inputs: Sequence[Any]) -> tuple:
-    return tuple(torch.empty_like(x, device="meta").requires_grad_(x.requires_grad)
-                 if isinstance(x, torch.Tensor) else x for x in inputs)
+    return tuple(
+        torch.empty_like(x, device="meta").requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+        for x in inputs
+    )
 
 
-def saved_activation_bytes_meta(model: nn.Module, inputs: Sequence[Any],
-                                prepare: Callable[[nn.Module], Any] | None = None) -> int:
+def saved_activation_bytes_meta(
+    model: nn.Module, inputs: Sequence[Any], prepare: Callable[[nn.Module], Any] | None = None
+) -> int:
     """`saved_activation_bytes` without real compute: one forward of a meta-device copy.
 
     Counts the same storages (meta tensors have the real shapes, dtypes and strides),

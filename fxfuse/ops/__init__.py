@@ -6,6 +6,7 @@ fake kernels and its autograd formulas; `checks` holds what they share. Importin
 this package loads fxfuse._C (which defines the schemas and the CPU and
 device-generic kernels) and then registers every family's fake kernels and autograd.
 """
+
 from .. import _extension
 from . import batch_norm, conv_batch_norm, gelu_activation, layer_activation
 from .batch_norm import batch_norm_act

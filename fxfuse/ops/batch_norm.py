@@ -8,6 +8,7 @@ Ops: fxfuse::bn_stats, bn_act, bn_act_backward, batch_norm_act, and the in-place
 bn_act_ / bn_act_backward_ used inside conv_bn_act (fake kernels only: they are not
 differentiable). Their fake kernels and autograd formulas are registered here.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -21,8 +22,9 @@ from .checks import apply_activation, check_act, kernels_apply, stats_like
 __all__ = ["batch_norm_act", "update_running_stats"]
 
 
-def update_running_stats(running_mean: Tensor, running_var: Tensor, mean: Tensor, var: Tensor,
-                         count: int, momentum: float) -> None:
+def update_running_stats(
+    running_mean: Tensor, running_var: Tensor, mean: Tensor, var: Tensor, count: int, momentum: float
+) -> None:
     """running = (1 - momentum) * running + momentum * batch, with the unbiased batch variance."""
     with torch.no_grad():
         unbiased = var * (count / (count - 1)) if count > 1 else var * float("inf")
@@ -35,16 +37,28 @@ def batch_ok(count: int, training: bool) -> bool:
     return not (training and count <= 1)
 
 
-def batch_norm_act(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
-                   weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, training: bool = False,
-                   momentum: float = 0.1, eps: float = 1e-5, act: str = "none",
-                   act_param: float = 0.0) -> Tensor:
+def batch_norm_act(
+    input: Tensor,
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    act: str = "none",
+    act_param: float = 0.0,
+) -> Tensor:
     """`act(F.batch_norm(input, ...))` that keeps only `input` and the statistics for backward."""
     check_act(act)
     count = input.numel() // input.shape[1] if input.dim() >= 2 and input.shape[1] else 0
-    if not (kernels_apply(input, (running_mean, running_var, weight, bias))
-            and all(t is None or t.shape == (input.shape[1],) for t in (running_mean, running_var, weight, bias))
-            and (training or running_mean is not None) and batch_ok(count, training) and input.numel() > 0):
+    if not (
+        kernels_apply(input, (running_mean, running_var, weight, bias))
+        and all(t is None or t.shape == (input.shape[1],) for t in (running_mean, running_var, weight, bias))
+        and (training or running_mean is not None)
+        and batch_ok(count, training)
+        and input.numel() > 0
+    ):
         out = F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
         return apply_activation(out, act, act_param)
     out, mean, var = torch.ops.fxfuse.batch_norm_act(
@@ -66,8 +80,7 @@ def _bn_act_fake(input, mean, var, weight, bias, eps, act, act_param):
     return torch.empty_like(input)
 
 
-def _bn_act_backward_fake(grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
-                          output_mask):
+def _bn_act_backward_fake(grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, output_mask):
     return (
         torch.empty_like(input) if output_mask[0] else None,
         torch.empty_like(weight) if output_mask[1] and weight is not None else None,
@@ -79,8 +92,9 @@ def _bn_act_inplace_fake(self, mean, var, weight, bias, eps, act, act_param):
     return None
 
 
-def _bn_act_backward_inplace_fake(grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
-                                  output_mask):
+def _bn_act_backward_inplace_fake(
+    grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, output_mask
+):
     return (
         torch.empty_like(weight) if output_mask[0] and weight is not None else None,
         torch.empty_like(bias) if output_mask[1] and bias is not None else None,
@@ -132,10 +146,14 @@ def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var):
 
 def register() -> None:
     """Fake kernels and autograd of this family's ops (fxfuse._C defines the ops)."""
-    for name, fake in (("bn_stats", _bn_stats_fake), ("bn_act", _bn_act_fake),
-                       ("bn_act_backward", _bn_act_backward_fake), ("bn_act_", _bn_act_inplace_fake),
-                       ("bn_act_backward_", _bn_act_backward_inplace_fake), ("batch_norm_act", _batch_norm_act_fake)):
+    for name, fake in (
+        ("bn_stats", _bn_stats_fake),
+        ("bn_act", _bn_act_fake),
+        ("bn_act_backward", _bn_act_backward_fake),
+        ("bn_act_", _bn_act_inplace_fake),
+        ("bn_act_backward_", _bn_act_backward_inplace_fake),
+        ("batch_norm_act", _batch_norm_act_fake),
+    ):
         torch.library.register_fake(f"fxfuse::{name}", fake)
     torch.library.register_autograd("fxfuse::bn_act", _bn_act_bwd, setup_context=_bn_act_setup)
-    torch.library.register_autograd("fxfuse::batch_norm_act", _batch_norm_act_bwd,
-                                    setup_context=_batch_norm_act_setup)
+    torch.library.register_autograd("fxfuse::batch_norm_act", _batch_norm_act_bwd, setup_context=_batch_norm_act_setup)

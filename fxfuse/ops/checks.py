@@ -5,6 +5,7 @@ and devices eager would accept, autocast casts as eager's, strided floating tens
 shapes the layer accepts); every other call runs the eager ops, so bad input raises
 exactly what eager raises. The fake kernels' shape helpers live here too.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence, Union
@@ -44,8 +45,9 @@ def apply_activation(x: Tensor, act: str, act_param: float = 0.0) -> Tensor:
 
 def check_act(act: str) -> None:
     """The one check of an activation name (wrappers and fake kernels alike)."""
-    torch._check_value(act in _ACT_FUNCS,
-                       lambda: f"fxfuse: unknown activation {act!r}; expected one of {', '.join(ACTIVATIONS)}")
+    torch._check_value(
+        act in _ACT_FUNCS, lambda: f"fxfuse: unknown activation {act!r}; expected one of {', '.join(ACTIVATIONS)}"
+    )
 
 
 # --------------------------------------------------------------------------- convolution geometry
@@ -89,8 +91,10 @@ def conv_geometry(input: Tensor, weight: Tensor, stride, padding, dilation):
         padding = int_pair(padding)
         if padding is None or min(padding) < 0:
             return None
-    out_hw = [(size + 2 * p - d * (k - 1) - 1) // s + 1
-              for size, p, d, k, s in zip(input.shape[2:], padding, dilation, weight.shape[2:], stride)]
+    out_hw = [
+        (size + 2 * p - d * (k - 1) - 1) // s + 1
+        for size, p, d, k, s in zip(input.shape[2:], padding, dilation, weight.shape[2:], stride)
+    ]
     if min(out_hw) <= 0:
         return None
     return input, stride, padding, dilation, out_hw
@@ -123,9 +127,13 @@ def plain(tensor: Tensor, *optional: Optional[Tensor]) -> bool:
 def fusable(input: Tensor) -> bool:
     """A strided floating-point input, outside autocast or under autocast on a device
     where the fused ops cast as eager autocast does (AUTOCAST_DEVICES)."""
-    return (_extension.loaded() and input.is_floating_point() and input.layout == torch.strided
-            and not input.is_nested
-            and (not autocast_on(input.device.type) or input.device.type in AUTOCAST_DEVICES))
+    return (
+        _extension.loaded()
+        and input.is_floating_point()
+        and input.layout == torch.strided
+        and not input.is_nested
+        and (not autocast_on(input.device.type) or input.device.type in AUTOCAST_DEVICES)
+    )
 
 
 def layer_dtype(input: Tensor, params: Sequence[Optional[Tensor]]) -> Optional[torch.dtype]:
@@ -142,8 +150,7 @@ def layer_dtype(input: Tensor, params: Sequence[Optional[Tensor]]) -> Optional[t
     if device not in AUTOCAST_DEVICES:
         return None
     low = torch.get_autocast_dtype(device)
-    cast = [t.dtype if t.dtype not in _AUTOCAST_CASTS else low
-            for t in (input, *params) if t is not None]
+    cast = [t.dtype if t.dtype not in _AUTOCAST_CASTS else low for t in (input, *params) if t is not None]
     same_device = all(t is None or t.device == input.device for t in params)
     return cast[0] if same_device and all(d == cast[0] for d in cast) else None
 
@@ -160,8 +167,15 @@ def bn_params_apply(dtype: torch.dtype, device: torch.device, params: Sequence[O
 
 
 def _input_ok(input: Tensor) -> bool:
-    return (_extension.loaded() and input.dim() == 4 and input.is_floating_point() and not input.is_complex()
-            and not input.is_sparse and not input.is_quantized and input.layout == torch.strided)
+    return (
+        _extension.loaded()
+        and input.dim() == 4
+        and input.is_floating_point()
+        and not input.is_complex()
+        and not input.is_sparse
+        and not input.is_quantized
+        and input.layout == torch.strided
+    )
 
 
 def kernels_apply(input: Tensor, bn_params: Sequence[Optional[Tensor]]) -> bool:
@@ -175,8 +189,9 @@ def kernels_apply(input: Tensor, bn_params: Sequence[Optional[Tensor]]) -> bool:
     return bn_params_apply(input.dtype, input.device, bn_params)
 
 
-def layer_kernels_apply(input: Tensor, layer_params: Sequence[Optional[Tensor]],
-                        bn_params: Sequence[Optional[Tensor]] = ()) -> bool:
+def layer_kernels_apply(
+    input: Tensor, layer_params: Sequence[Optional[Tensor]], bn_params: Sequence[Optional[Tensor]] = ()
+) -> bool:
     """Whether a fused conv (-> BN) -> activation op computes this call as eager would,
     autocast included (else run eager)."""
     if not _input_ok(input):

@@ -10,6 +10,7 @@ Autocast kernel (csrc/autocast/) casts the convolution's operands as autocast ca
 conv2d's, BatchNorm keeps its float32 parameters and statistics, and the activation
 runs on the low-precision result.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -24,12 +25,24 @@ from .checks import IntPair, apply_activation, check_act, conv_geometry, conv_me
 __all__ = ["conv_bn_act"]
 
 
-def conv_bn_act(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntPair = 1,
-                padding: Union[IntPair, str] = 0, dilation: IntPair = 1, groups: int = 1,
-                running_mean: Optional[Tensor] = None, running_var: Optional[Tensor] = None,
-                bn_weight: Optional[Tensor] = None, bn_bias: Optional[Tensor] = None,
-                training: bool = False, momentum: float = 0.1, eps: float = 1e-5,
-                act: str = "none", act_param: float = 0.0) -> Tensor:
+def conv_bn_act(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: IntPair = 1,
+    padding: Union[IntPair, str] = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+    running_mean: Optional[Tensor] = None,
+    running_var: Optional[Tensor] = None,
+    bn_weight: Optional[Tensor] = None,
+    bn_bias: Optional[Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    act: str = "none",
+    act_param: float = 0.0,
+) -> Tensor:
     """`act(F.batch_norm(F.conv2d(input, weight, bias, ...), running_mean, ...))`, memory-saving.
 
     Backward recomputes the convolution from `input` instead of keeping its output.
@@ -38,10 +51,13 @@ def conv_bn_act(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, st
     check_act(act)
     bn_params = (running_mean, running_var, bn_weight, bn_bias)
     geometry = None
-    if (layer_kernels_apply(input, (weight, bias), bn_params) and weight.dim() == 4
-            and input.shape[1] == weight.shape[1] * groups
-            and all(t is None or t.shape == (weight.shape[0],) for t in bn_params)
-            and (training or running_mean is not None)):
+    if (
+        layer_kernels_apply(input, (weight, bias), bn_params)
+        and weight.dim() == 4
+        and input.shape[1] == weight.shape[1] * groups
+        and all(t is None or t.shape == (weight.shape[0],) for t in bn_params)
+        and (training or running_mean is not None)
+    ):
         geometry = conv_geometry(input, weight, stride, padding, dilation)
     count = input.shape[0] * geometry[4][0] * geometry[4][1] if geometry else 0
     if geometry is None or not batch_ok(count, training):
@@ -50,27 +66,81 @@ def conv_bn_act(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, st
         return apply_activation(y, act, act_param)
     input, stride, padding, dilation, _ = geometry
     out, mean, var = torch.ops.fxfuse.conv_bn_act(
-        input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias,
-        running_mean, running_var, training, eps, act, float(act_param),
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        bn_weight,
+        bn_bias,
+        running_mean,
+        running_var,
+        training,
+        eps,
+        act,
+        float(act_param),
     )
     if training and running_mean is not None and running_var is not None:
         update_running_stats(running_mean, running_var, mean, var, count, momentum)
     return out
 
 
-def _conv_bn_act_fake(input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias,
-                      running_mean, running_var, batch_stats, eps, act, act_param):
+def _conv_bn_act_fake(
+    input,
+    weight,
+    bias,
+    stride,
+    padding,
+    dilation,
+    groups,
+    bn_weight,
+    bn_bias,
+    running_mean,
+    running_var,
+    batch_stats,
+    eps,
+    act,
+    act_param,
+):
     y = conv_meta(input, weight, bias, stride, padding, dilation, groups)
     return torch.empty_like(y), stats_like(y), stats_like(y)
 
 
-def _conv_bn_act_backward_fake(grad_out, input, weight, bias, stride, padding, dilation, groups, bn_weight,
-                               bn_bias, mean, var, batch_stats, eps, act, act_param, output_mask):
+def _conv_bn_act_backward_fake(
+    grad_out,
+    input,
+    weight,
+    bias,
+    stride,
+    padding,
+    dilation,
+    groups,
+    bn_weight,
+    bn_bias,
+    mean,
+    var,
+    batch_stats,
+    eps,
+    act,
+    act_param,
+    output_mask,
+):
     grad_y = torch.empty_like(conv_meta(input, weight, bias, stride, padding, dilation, groups))
     has_bias = bias is not None
     grad_input, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-        grad_y, input, weight, list(bias.shape) if has_bias else None, stride, padding, dilation, False,
-        [0, 0], groups, [output_mask[0], output_mask[1], output_mask[2] and has_bias],
+        grad_y,
+        input,
+        weight,
+        list(bias.shape) if has_bias else None,
+        stride,
+        padding,
+        dilation,
+        False,
+        [0, 0],
+        groups,
+        [output_mask[0], output_mask[1], output_mask[2] and has_bias],
     )
     return (
         grad_input,
@@ -82,8 +152,23 @@ def _conv_bn_act_backward_fake(grad_out, input, weight, bias, stride, padding, d
 
 
 def _setup(ctx, inputs, output):
-    (input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias,
-     _running_mean, _running_var, batch_stats, eps, act, act_param) = inputs
+    (
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        bn_weight,
+        bn_bias,
+        _running_mean,
+        _running_var,
+        batch_stats,
+        eps,
+        act,
+        act_param,
+    ) = inputs
     _, mean, var = output
     ctx.save_for_backward(input, weight, bias, bn_weight, bn_bias, mean, var)
     ctx.config = (stride, padding, dilation, groups, batch_stats, eps, act, act_param)
@@ -94,12 +179,42 @@ def _backward(ctx, grad_out, _grad_mean, _grad_var):
     stride, padding, dilation, groups, batch_stats, eps, act, act_param = ctx.config
     need = ctx.needs_input_grad
     grads = torch.ops.fxfuse.conv_bn_act_backward(
-        grad_out, input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, mean, var,
-        batch_stats, eps, act, act_param, [need[0], need[1], need[2], need[7], need[8]],
+        grad_out,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        bn_weight,
+        bn_bias,
+        mean,
+        var,
+        batch_stats,
+        eps,
+        act,
+        act_param,
+        [need[0], need[1], need[2], need[7], need[8]],
     )
     grad_input, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias = grads
-    return (grad_input, grad_weight, grad_bias, None, None, None, None, grad_bn_weight, grad_bn_bias,
-            None, None, None, None, None, None)
+    return (
+        grad_input,
+        grad_weight,
+        grad_bias,
+        None,
+        None,
+        None,
+        None,
+        grad_bn_weight,
+        grad_bn_bias,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 def register() -> None:

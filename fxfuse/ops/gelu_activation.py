@@ -6,6 +6,7 @@ The fake kernels run ATen's own meta functions, so shapes, dtypes (type promotio
 and broadcasting in gelu_backward) and strides are exactly those of the real
 kernels, which allocate their outputs the way ATen's TensorIterator does.
 """
+
 from __future__ import annotations
 
 import torch

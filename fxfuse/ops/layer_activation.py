@@ -14,6 +14,7 @@ The fake kernels run the layer's own ATen meta function on the fake inputs: the 
 kernels return the layer output (activated in place), so its shape and strides are
 the layer's (at::convolution's: channels_last in, channels_last out).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -37,30 +38,53 @@ from .checks import (
 __all__ = ["conv_act", "linear_act"]
 
 
-def linear_act(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, act: str = "gelu",
-               act_param: float = 0.0) -> Tensor:
+def linear_act(
+    input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, act: str = "gelu", act_param: float = 0.0
+) -> Tensor:
     """`act(F.linear(input, weight, bias))` that keeps only input, weight and bias for backward."""
     check_act(act)
-    if (plain(input, weight, bias) and weight is not None and fusable(input)
-            and layer_dtype(input, (weight, bias)) is not None and input.dim() >= 1 and weight.dim() == 2
-            and input.shape[-1] == weight.shape[1] and (bias is None or tuple(bias.shape) == (weight.shape[0],))):
+    if (
+        plain(input, weight, bias)
+        and weight is not None
+        and fusable(input)
+        and layer_dtype(input, (weight, bias)) is not None
+        and input.dim() >= 1
+        and weight.dim() == 2
+        and input.shape[-1] == weight.shape[1]
+        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
+    ):
         return torch.ops.fxfuse.linear_act(input, weight, bias, act, float(act_param))
     return apply_activation(F.linear(input, weight, bias), act, act_param)
 
 
-def conv_act(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: IntPair = 1,
-             padding: Union[IntPair, str] = 0, dilation: IntPair = 1, groups: int = 1, act: str = "gelu",
-             act_param: float = 0.0) -> Tensor:
+def conv_act(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: IntPair = 1,
+    padding: Union[IntPair, str] = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+    act: str = "gelu",
+    act_param: float = 0.0,
+) -> Tensor:
     """`act(F.conv2d(input, weight, bias, stride, padding, dilation, groups))`, memory-saving.
 
     Backward recomputes the convolution from `input` instead of keeping its output.
     """
     check_act(act)
     geometry = None
-    if (plain(input, weight, bias) and weight is not None and layer_kernels_apply(input, (weight, bias))
-            and weight.dim() == 4 and type(groups) is int and groups > 0
-            and input.shape[1] == weight.shape[1] * groups and weight.shape[0] % groups == 0
-            and (bias is None or tuple(bias.shape) == (weight.shape[0],))):
+    if (
+        plain(input, weight, bias)
+        and weight is not None
+        and layer_kernels_apply(input, (weight, bias))
+        and weight.dim() == 4
+        and type(groups) is int
+        and groups > 0
+        and input.shape[1] == weight.shape[1] * groups
+        and weight.shape[0] % groups == 0
+        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
+    ):
         geometry = conv_geometry(input, weight, stride, padding, dilation)
     if geometry is None:
         return apply_activation(F.conv2d(input, weight, bias, stride, padding, dilation, groups), act, act_param)
@@ -75,19 +99,25 @@ def _check_linear(input, weight, bias) -> None:
     torch._check(input.dim() >= 1, lambda: "fxfuse::linear_act: expected an input with at least 1 dimension")
     torch._check(
         weight.dim() == 2,
-        lambda: f"fxfuse::linear_act: expected a 2-D weight of shape (out_features, in_features), "
-        f"got shape {tuple(weight.shape)}",
+        lambda: (
+            f"fxfuse::linear_act: expected a 2-D weight of shape (out_features, in_features), "
+            f"got shape {tuple(weight.shape)}"
+        ),
     )
     torch._check(
         input.shape[-1] == weight.shape[1],
-        lambda: f"fxfuse::linear_act: expected the input's last dimension to equal in_features = "
-        f"{weight.shape[1]}, got input of shape {tuple(input.shape)}",
+        lambda: (
+            f"fxfuse::linear_act: expected the input's last dimension to equal in_features = "
+            f"{weight.shape[1]}, got input of shape {tuple(input.shape)}"
+        ),
     )
     if bias is not None:
         torch._check(
             bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-            lambda: f"fxfuse::linear_act: expected a bias of shape [{weight.shape[0]}] (out_features), "
-            f"got shape {tuple(bias.shape)}",
+            lambda: (
+                f"fxfuse::linear_act: expected a bias of shape [{weight.shape[0]}] (out_features), "
+                f"got shape {tuple(bias.shape)}"
+            ),
         )
 
 
@@ -132,16 +162,26 @@ def _conv_act_fake(input, weight, bias, stride, padding, dilation, groups, act, 
     return conv_meta(input, weight, bias, stride, padding, dilation, groups)
 
 
-def _conv_act_backward_fake(grad_out, input, weight, bias, stride, padding, dilation, groups, act, act_param,
-                            output_mask):
+def _conv_act_backward_fake(
+    grad_out, input, weight, bias, stride, padding, dilation, groups, act, act_param, output_mask
+):
     check_act(act)
     has_bias = bias is not None
     if not (output_mask[0] or output_mask[1] or (output_mask[2] and has_bias)):
         return None, None, None
     grad_y = torch.empty_like(conv_meta(input, weight, bias, stride, padding, dilation, groups))
     return torch.ops.aten.convolution_backward.default(
-        grad_y, input, weight, list(bias.shape) if has_bias else None, stride, padding, dilation, False,
-        [0, 0], groups, [output_mask[0], output_mask[1], output_mask[2] and has_bias],
+        grad_y,
+        input,
+        weight,
+        list(bias.shape) if has_bias else None,
+        stride,
+        padding,
+        dilation,
+        False,
+        [0, 0],
+        groups,
+        [output_mask[0], output_mask[1], output_mask[2] and has_bias],
     )
 
 
@@ -156,7 +196,16 @@ def _conv_act_bwd(ctx, grad_out):
     stride, padding, dilation, groups, act, act_param = ctx.config
     need = ctx.needs_input_grad
     grad_input, grad_weight, grad_bias = torch.ops.fxfuse.conv_act_backward(
-        grad_out, input, weight, bias, stride, padding, dilation, groups, act, act_param,
+        grad_out,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        act,
+        act_param,
         [need[0], need[1], need[2]],
     )
     return grad_input, grad_weight, grad_bias, None, None, None, None, None, None

@@ -6,6 +6,7 @@ records skipped sites with their reasons, applies the policy's selection, rewrit
 through `rewrite.replace_chain` and reports. `inplace_add` rewrites through
 `replace_chain` too, but reports no sites (it saves an allocation, not memory).
 """
+
 from __future__ import annotations
 
 from . import bn_act, conv_bn_act, gelu, inplace_add, linear_conv_act

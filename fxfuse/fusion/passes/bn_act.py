@@ -4,6 +4,7 @@ Runs in every mode, after conv_bn_act has taken the BNs it could. In mode="fast"
 also takes Conv→BN→act, keeping the conv output (no conv recompute) but not the BN
 output. Needs an activation: a BN alone already keeps only its input.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -23,8 +24,9 @@ def _build(bn: LayerCall, act: ActivationUse, ctx: PassContext) -> fx.Node:
     name, param = act.activation.name, act.activation.param
     if bn.module is not None:
         return ctx.graph.call_function(runtime.bn_act_module, (bn.input, ctx.get_attr(bn.name), name, param))
-    kwargs = {k: bn.args[k] for k in ("input", "running_mean", "running_var", "weight", "bias", "training",
-                                      "momentum", "eps")}
+    kwargs = {
+        k: bn.args[k] for k in ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+    }
     return ctx.graph.call_function(ops.batch_norm_act, (), dict(kwargs, act=name, act_param=param))
 
 
@@ -49,10 +51,18 @@ def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
     if problem:
         return Site(names, pattern, problem)
     saved = estimates.activation_input_bytes(ctx.shapes, bn_node, act.activation.name, act.inplace)
-    return Site(names, pattern, chain=[bn_node, *act.chain()], build=lambda: _build(bn, act, ctx),
-                also_replace=(bn_node,) if act.later_users else (), activation=act.activation.describe(),
-                op="fxfuse::batch_norm_act", saved_bytes=saved if ctx.shapes else None,
-                recompute_flops=0 if ctx.shapes else None, reason=_reason(bn_node, ctx))
+    return Site(
+        names,
+        pattern,
+        chain=[bn_node, *act.chain()],
+        build=lambda: _build(bn, act, ctx),
+        also_replace=(bn_node,) if act.later_users else (),
+        activation=act.activation.describe(),
+        op="fxfuse::batch_norm_act",
+        saved_bytes=saved if ctx.shapes else None,
+        recompute_flops=0 if ctx.shapes else None,
+        reason=_reason(bn_node, ctx),
+    )
 
 
 PASS = FusionPass(match)

@@ -4,6 +4,7 @@
 fusable conv/BN, `problem` (a reason) when it is a conv/BN that cannot be fused
 exactly, and `(None, None)` when it is neither.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -84,9 +85,15 @@ def conv_arguments(conv: LayerCall, ctx: PassContext) -> dict[str, Any]:
     if conv.module is None:
         return dict(conv.args)
     m = conv.module
-    return {"input": conv.input, "weight": ctx.get_attr(f"{conv.name}.weight"),
-            "bias": ctx.get_attr(f"{conv.name}.bias") if m.bias is not None else None,
-            "stride": m.stride, "padding": m.padding, "dilation": m.dilation, "groups": m.groups}
+    return {
+        "input": conv.input,
+        "weight": ctx.get_attr(f"{conv.name}.weight"),
+        "bias": ctx.get_attr(f"{conv.name}.bias") if m.bias is not None else None,
+        "stride": m.stride,
+        "padding": m.padding,
+        "dilation": m.dilation,
+        "groups": m.groups,
+    }
 
 
 def as_batch_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[LayerCall], Optional[str]]:

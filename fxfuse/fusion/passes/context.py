@@ -1,4 +1,5 @@
 """State shared by the passes over one traced graph."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

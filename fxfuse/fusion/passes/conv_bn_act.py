@@ -4,6 +4,7 @@ Runs in mode="memory". The fused op keeps only the conv input, the weights and t
 per-channel statistics; eager keeps the conv output too (and the BN output when the
 activation's backward needs its input).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -27,11 +28,20 @@ def _build(conv: LayerCall, bn: LayerCall, act: Optional[ActivationUse], ctx: Pa
     if conv.module is not None and bn.module is not None:
         return ctx.graph.call_function(
             runtime.conv_bn_act_module,
-            (conv.input, ctx.get_attr(conv.name), ctx.get_attr(bn.name), act_name, act_param))
+            (conv.input, ctx.get_attr(conv.name), ctx.get_attr(bn.name), act_name, act_param),
+        )
     kwargs = conv_arguments(conv, ctx)
-    kwargs.update(running_mean=bn.args["running_mean"], running_var=bn.args["running_var"],
-                  bn_weight=bn.args["weight"], bn_bias=bn.args["bias"], training=bn.args["training"],
-                  momentum=bn.args["momentum"], eps=bn.args["eps"], act=act_name, act_param=act_param)
+    kwargs.update(
+        running_mean=bn.args["running_mean"],
+        running_var=bn.args["running_var"],
+        bn_weight=bn.args["weight"],
+        bn_bias=bn.args["bias"],
+        training=bn.args["training"],
+        momentum=bn.args["momentum"],
+        eps=bn.args["eps"],
+        act=act_name,
+        act_param=act_param,
+    )
     return ctx.graph.call_function(ops.conv_bn_act, (), kwargs)
 
 
@@ -85,7 +95,8 @@ def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
     if problem:
         return Site(names, pattern, problem)
     return Site(
-        names, pattern,
+        names,
+        pattern,
         chain=[conv.node, bn_node, *(act.chain() if act else [])],
         build=lambda: _build(conv, bn, act, ctx),
         also_replace=(bn_node,) if act and act.later_users else (),
@@ -94,7 +105,8 @@ def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
         op="fxfuse::conv_bn_act",
         saved_bytes=_saved_bytes(ctx, conv, bn, act),
         recompute_flops=estimates.conv_flops(ctx.shapes, conv.node, _weight_shape(conv, ctx), 1),
-        reason=REASON)
+        reason=REASON,
+    )
 
 
 PASS = FusionPass(match, modes=("memory",))

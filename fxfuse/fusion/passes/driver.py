@@ -5,6 +5,7 @@ The matcher decides what a site is and how to build its replacement; the driver 
 the rest the same way for every pattern: skipped sites with their reasons, the
 policy's allowed-site filter, `rewrite.replace_chain`, and the report entry.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,7 +59,17 @@ class FusionPass:
             if site.prepare is not None:
                 site.prepare()
             replace_chain(ctx.graph, site.chain, site.build, also_replace=site.also_replace)
-            ctx.report.fused.append(FusedSite(site.names, site.pattern, site.activation, site.op, site.saved_bytes,
-                                              site.recompute_flops, site.reason, ctx.mode))
+            ctx.report.fused.append(
+                FusedSite(
+                    site.names,
+                    site.pattern,
+                    site.activation,
+                    site.op,
+                    site.saved_bytes,
+                    site.recompute_flops,
+                    site.reason,
+                    ctx.mode,
+                )
+            )
             fused += 1
         return fused

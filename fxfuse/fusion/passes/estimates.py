@@ -1,4 +1,5 @@
 """What a site saves (activation bytes eager keeps for backward) and what it costs (recompute FLOPs)."""
+
 from __future__ import annotations
 
 import math

@@ -7,6 +7,7 @@ runtime.GELU_FAST_MIN_NUMEL). With example inputs, the site's layout, dtype and 
 decide here and the report says which way; without them, the rewritten call decides
 per call. Both paths compute F.gelu exactly, so either choice is exact.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -23,8 +24,11 @@ from .matchers import activation_of, first_input, has_hooks, site_name
 
 def _approximate(node: fx.Node, ctx: PassContext) -> tuple[Optional[str], Optional[str]]:
     """(approximate, problem) for a GELU node; (None, None) for anything else."""
-    if node.op == "call_module" and type(ctx.modules.get(node.target)) is nn.GELU and has_hooks(
-            ctx.modules[node.target]):
+    if (
+        node.op == "call_module"
+        and type(ctx.modules.get(node.target)) is nn.GELU
+        and has_hooks(ctx.modules[node.target])
+    ):
         return None, "the GELU module has hooks, which the rewritten call would not run"
     act = activation_of(node, ctx.modules)
     if act is None or act.name not in ("gelu", "gelu_tanh"):
@@ -39,8 +43,9 @@ def _decision(x: fx.Node, approximate: str, ctx: PassContext) -> tuple[bool, str
     meta = ctx.shapes.get(x)
     if meta is None:
         return runtime.gelu_rule(approximate)
-    rewrite, why = runtime.gelu_rule(approximate, meta.dtype, tuple(meta.shape),
-                                     meta.memory_format == torch.channels_last)
+    rewrite, why = runtime.gelu_rule(
+        approximate, meta.dtype, tuple(meta.shape), meta.memory_format == torch.channels_last
+    )
     return rewrite, f"{why} (at the example input)"
 
 
@@ -58,10 +63,17 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     rewrite, why = _decision(x, approximate, ctx)
     if not rewrite:
         return Site(names, pattern, why)
-    return Site(names, pattern, chain=[node],
-                build=lambda: ctx.graph.call_function(runtime.gelu_where_faster, (x,), {"approximate": approximate}),
-                activation=pattern, op="fxfuse::gelu", saved_bytes=0 if ctx.shapes else None,
-                recompute_flops=0 if ctx.shapes else None, reason=why)
+    return Site(
+        names,
+        pattern,
+        chain=[node],
+        build=lambda: ctx.graph.call_function(runtime.gelu_where_faster, (x,), {"approximate": approximate}),
+        activation=pattern,
+        op="fxfuse::gelu",
+        saved_bytes=0 if ctx.shapes else None,
+        recompute_flops=0 if ctx.shapes else None,
+        reason=why,
+    )
 
 
 PASS = FusionPass(match)

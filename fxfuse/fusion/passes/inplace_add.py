@@ -7,6 +7,7 @@ backward keeps (the fused op saves only its input; its eager fallback, batch nor
 saves its input too), so when the add is its only use, adding into it gives the
 same tensor as the out-of-place add. `runtime.add_into` checks the rest at run time.
 """
+
 from __future__ import annotations
 
 import operator
@@ -44,6 +45,10 @@ def run(ctx: PassContext) -> int:
             fresh, other = b, a
         else:
             continue
-        replace_chain(ctx.graph, [node], lambda: ctx.graph.call_function(runtime.add_into, (fresh, other)))
+        replace_chain(
+            ctx.graph,
+            [node],
+            lambda fresh=fresh, other=other: ctx.graph.call_function(runtime.add_into, (fresh, other)),
+        )
         rewritten += 1
     return rewritten

@@ -7,6 +7,7 @@ the input size on every call, then convolves without padding). fxfuse does not
 import timm: a class is recognised by the module and name of its `forward`, so a
 subclass that overrides `forward` is not recognised and is traced like any module.
 """
+
 from __future__ import annotations
 
 import math

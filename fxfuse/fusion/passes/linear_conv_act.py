@@ -6,6 +6,7 @@ ReLU6, out of place) are rewritten: that input is the widest buffer of a transfo
 MLP (4x the model width) and a pure function of the Linear/Conv input, which is kept
 anyway. The fused op recomputes it in backward.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -32,8 +33,9 @@ def _as_linear(node: fx.Node, ctx: PassContext) -> tuple[Optional[dict[str, Any]
         m = ctx.modules.get(node.target)
         if not isinstance(m, nn.Linear):
             return None, None
-        problem = layer_module_problem(m, nn.Linear, "Linear") or (None if len(node.args) == 1 and not node.kwargs
-                                         else "unexpected Linear call arguments")
+        problem = layer_module_problem(m, nn.Linear, "Linear") or (
+            None if len(node.args) == 1 and not node.kwargs else "unexpected Linear call arguments"
+        )
         return (None, problem) if problem else ({}, None)
     if node.op == "call_function" and node.target in (F.linear, torch._C._nn.linear):
         if len(node.args) > 3 or set(node.kwargs) - set(_LINEAR_ARGS):
@@ -71,15 +73,25 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
         return Site(names, pattern, problem)
     name, param = act.activation.name, act.activation.param
     if node.op == "call_module":
+
         def build():
             return ctx.graph.call_function(module_fn, (node.args[0], ctx.get_attr(node.target), name, param))
     else:
+
         def build():
             return ctx.graph.call_function(fn, (), dict(args, act=name, act_param=param))
-    return Site(names, pattern, chain=[node, act.node], build=build, activation=act.activation.describe(),
-                op=f"fxfuse::{'conv' if kind == 'conv2d' else 'linear'}_act",
-                saved_bytes=estimates.nbytes(ctx.shapes, node), recompute_flops=_flops(ctx, node, kind),
-                reason=f"keeps the {kind} input; recomputes the {kind} and activation in backward")
+
+    return Site(
+        names,
+        pattern,
+        chain=[node, act.node],
+        build=build,
+        activation=act.activation.describe(),
+        op=f"fxfuse::{'conv' if kind == 'conv2d' else 'linear'}_act",
+        saved_bytes=estimates.nbytes(ctx.shapes, node),
+        recompute_flops=_flops(ctx, node, kind),
+        reason=f"keeps the {kind} input; recomputes the {kind} and activation in backward",
+    )
 
 
 PASS = FusionPass(match, modes=("memory",))

@@ -4,6 +4,7 @@ A module matches only when it computes exactly what its library class computes:
 the exact forward (subclasses that override it are not plain BN/conv), and no
 hooks (the fused op would not run them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ def module_of(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[nn.Modul
 
 
 def has_hooks(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                or getattr(m, "_backward_pre_hooks", None))
+    return bool(
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or getattr(m, "_backward_pre_hooks", None)
+    )
 
 
 def layer_module_problem(m: nn.Module, base: type, what: str, forward_ok: bool = False) -> Optional[str]:
@@ -72,7 +74,8 @@ def bn_module_problem(m: nn.Module) -> Optional[str]:
     if type(m).forward is not _BatchNorm.forward or type(m)._check_input_dim is not nn.BatchNorm2d._check_input_dim:
         return f"{type(m).__name__} overrides BatchNorm2d.forward"
     if isinstance(m.weight, nn.parameter.UninitializedParameter) or isinstance(
-            m.running_mean, nn.parameter.UninitializedBuffer):
+        m.running_mean, nn.parameter.UninitializedBuffer
+    ):
         return "LazyBatchNorm2d is not initialized yet (run one forward first)"
     if has_hooks(m):
         return "the BatchNorm module has hooks, which the fused op would not run"
@@ -104,8 +107,13 @@ def is_bn_function(node: fx.Node) -> bool:
 
 _ACT_MODULES = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish"}
 _ACT_FUNCTIONS = {
-    F.relu: "relu", F.relu_: "relu", torch.relu: "relu", torch.relu_: "relu",
-    F.relu6: "relu6", F.silu: "silu", F.hardswish: "hardswish",
+    F.relu: "relu",
+    F.relu_: "relu",
+    torch.relu: "relu",
+    torch.relu_: "relu",
+    F.relu6: "relu6",
+    F.silu: "silu",
+    F.hardswish: "hardswish",
 }
 _ACT_METHODS = {"relu": "relu", "relu_": "relu"}
 
@@ -129,8 +137,11 @@ def module_activation(m: nn.Module) -> Optional[Activation]:
     if type(m) is nn.LeakyReLU:
         return Activation("leaky_relu", float(m.negative_slope))
     if type(m) is nn.GELU:
-        return Activation("gelu_tanh" if m.approximate == "tanh" else "gelu") if m.approximate in (
-            "none", "tanh") else None
+        return (
+            Activation("gelu_tanh" if m.approximate == "tanh" else "gelu")
+            if m.approximate in ("none", "tanh")
+            else None
+        )
     forward = type(m).forward
     if getattr(forward, "__module__", None) == "timm.layers.activations":
         name = _TIMM_ACT_FORWARDS.get(getattr(forward, "__qualname__", ""))
@@ -206,7 +217,20 @@ def site_name(node: fx.Node) -> str:
     return f"{scope}:{name}" if scope else name
 
 
-__all__ = ["Activation", "activation_of", "bn_module_problem", "conv_module_problem", "first_input",
-           "layer_module_problem",
-           "is_bn_function", "is_conv_function", "module_activation", "module_of", "node_scope",
-           "norm_act_activation", "reads_only_metadata", "single_user", "site_name"]
+__all__ = [
+    "Activation",
+    "activation_of",
+    "bn_module_problem",
+    "conv_module_problem",
+    "first_input",
+    "layer_module_problem",
+    "is_bn_function",
+    "is_conv_function",
+    "module_activation",
+    "module_of",
+    "node_scope",
+    "norm_act_activation",
+    "reads_only_metadata",
+    "single_user",
+    "site_name",
+]

@@ -1,4 +1,5 @@
 """The one way passes change a graph: put a new node where a chain of nodes was."""
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -6,8 +7,9 @@ from typing import Callable, Sequence
 import torch.fx as fx
 
 
-def replace_chain(graph: fx.Graph, chain: Sequence[fx.Node], build: Callable[[], fx.Node],
-                  also_replace: Sequence[fx.Node] = ()) -> fx.Node:
+def replace_chain(
+    graph: fx.Graph, chain: Sequence[fx.Node], build: Callable[[], fx.Node], also_replace: Sequence[fx.Node] = ()
+) -> fx.Node:
     """Replace `chain` (producer first; only the last one has outside users) by `build()`.
 
     `build` runs with the insertion point just before the chain's last node, where all
