@@ -6,7 +6,7 @@ op is used, instead of surfacing later as "operator fxfuse::... does not exist".
 
 from __future__ import annotations
 
-import torch  # noqa: F401  (loads libtorch/libc10, which fxfuse._C links against)
+import torch  # loads libtorch/libc10, which fxfuse._C links against
 
 from .errors import ExtensionNotLoadedError
 
@@ -48,7 +48,16 @@ def require() -> None:
         ) from _load_error
 
 
-def generic():
-    """The device-generic kernels, callable directly (used by the tests on CPU)."""
+def generic_kernels():
+    """torch.ops.fxfuse_generic: the device-generic kernels of the BN and GELU ops under their
+    torch.ops.fxfuse schemas, callable on CPU, where torch.ops.fxfuse runs the hand-written
+    kernels (used by the tests)."""
     require()
-    return _C
+    return torch.ops.fxfuse_generic
+
+
+def elementwise_kernels():
+    """torch.ops.fxfuse_elementwise: bn_act and bn_act_backward through the CUDA kernels'
+    per-element math, built for the host (used by the tests)."""
+    require()
+    return torch.ops.fxfuse_elementwise

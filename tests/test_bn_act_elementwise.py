@@ -37,7 +37,11 @@ TOL = {
 
 
 def _C():
-    return _extension.generic()
+    return _extension.generic_kernels()
+
+
+def _E():
+    return _extension.elementwise_kernels()
 
 
 def _data(dtype, channels_last, seed=0):
@@ -62,8 +66,8 @@ def _data(dtype, channels_last, seed=0):
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_forward_matches_generic(act, p, dtype, channels_last):
     x, _, w, b, mean, var = _data(dtype, channels_last)
-    got = _C().elementwise_bn_act(x, mean, var, w, b, 1e-5, act, p)
-    want = _C().generic_bn_act(x, mean, var, w, b, 1e-5, act, p)
+    got = _E().bn_act(x, mean, var, w, b, 1e-5, act, p)
+    want = _C().bn_act(x, mean, var, w, b, 1e-5, act, p)
     assert got.dtype == want.dtype and got.stride() == want.stride()
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
@@ -76,8 +80,8 @@ def test_forward_matches_generic(act, p, dtype, channels_last):
 def test_backward_matches_generic(act, p, dtype, channels_last, batch_stats):
     x, dy, w, b, mean, var = _data(dtype, channels_last)
     for mask in ([True, True, True], [True, False, False], [False, True, True]):
-        got = _C().elementwise_bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, mask)
-        want = _C().generic_bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, mask)
+        got = _E().bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, mask)
+        want = _C().bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, mask)
         rtol, atol = TOL[dtype]
         for g, e in zip(got, want):
             assert (g is None) == (e is None)
@@ -94,9 +98,9 @@ def test_float64_matches_eager_autograd(act, p):
     ref = apply_activation(F.batch_norm(xr, None, None, wr, br, True, 0.0, 1e-5), act, p)
     want = torch.autograd.grad(ref, (xr, wr, br), dy)
     var, mean = torch.var_mean(x, dim=(0, 2, 3), unbiased=False)
-    out = _C().elementwise_bn_act(x, mean, var, w, b, 1e-5, act, p)
+    out = _E().bn_act(x, mean, var, w, b, 1e-5, act, p)
     torch.testing.assert_close(out, ref.detach(), rtol=1e-9, atol=1e-9)
-    got = _C().elementwise_bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, True, [True, True, True])
+    got = _E().bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, True, [True, True, True])
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9)
 
@@ -108,16 +112,12 @@ def test_activation_formulas_match_aten_at_edges(act, p):
     x = z.view(1, 1, 1, -1)
     one, zero = torch.ones(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
     var = one - 1e-5
-    out = _C().elementwise_bn_act(x, zero, var, None, None, 1e-5, act, p).flatten()
+    out = _E().bn_act(x, zero, var, None, None, 1e-5, act, p).flatten()
     zr = z.clone().requires_grad_()
     ref = apply_activation(zr, act, p)
     torch.testing.assert_close(out, ref.detach(), equal_nan=True)
     dy = torch.ones_like(x)
-    gi = (
-        _C()
-        .elementwise_bn_act_backward(dy, x, zero, var, None, None, 1e-5, act, p, False, [True, False, False])[0]
-        .flatten()
-    )
+    gi = _E().bn_act_backward(dy, x, zero, var, None, None, 1e-5, act, p, False, [True, False, False])[0].flatten()
     (want,) = torch.autograd.grad(ref, zr, torch.ones_like(z))
     finite = torch.isfinite(z)
     torch.testing.assert_close(gi[finite], want[finite])
@@ -132,6 +132,6 @@ def test_rejects_what_it_cannot_index():
     x = torch.randn(2, 3, 4, 5).transpose(2, 3)  # neither NCHW- nor NHWC-contiguous
     m, v = torch.zeros(3), torch.ones(3)
     with pytest.raises(RuntimeError, match="contiguous or channels_last"):
-        _C().elementwise_bn_act(x, m, v, None, None, 1e-5, "relu", 0.0)
+        _E().bn_act(x, m, v, None, None, 1e-5, "relu", 0.0)
     with pytest.raises(ValueError, match="unknown activation"):
-        _C().elementwise_bn_act(x.contiguous(), m, v, None, None, 1e-5, "swish", 0.0)
+        _E().bn_act(x.contiguous(), m, v, None, None, 1e-5, "swish", 0.0)

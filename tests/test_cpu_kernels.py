@@ -3,7 +3,7 @@ and against plain eager PyTorch.
 
 On CPU tensors, torch.ops.fxfuse.{bn_stats,bn_act,bn_act_backward} dispatch to the
 hand-written kernels; the generic ATen implementations are reachable directly as
-fxfuse._C.generic_*.
+torch.ops.fxfuse_generic.*.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fxfuse import _extension
 pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 
 if _extension.loaded():
-    _C = _extension.generic()
+    _C = _extension.generic_kernels()
     ops = torch.ops.fxfuse
 
 ACTS = [
@@ -127,7 +127,7 @@ def same_layout(out, ref_input):
 def test_bn_stats(shape, lay, dtype):
     x = make_input(shape, dtype, lay)
     mean, var = ops.bn_stats(x)
-    gmean, gvar = _C.generic_bn_stats(x)
+    gmean, gvar = _C.bn_stats(x)
     close(mean, gmean, tol(dtype))
     close(var, gvar, tol(dtype))
     evar, emean = torch.var_mean(x, dim=(0, 2, 3), unbiased=False)
@@ -141,7 +141,7 @@ def test_bn_stats_ill_conditioned_float64(lay):
     g = torch.Generator().manual_seed(3)
     x = layout(1000.0 + torch.randn(6, 5, 20, 21, generator=g, dtype=torch.float64), lay)
     mean, var = ops.bn_stats(x)
-    gmean, gvar = _C.generic_bn_stats(x)
+    gmean, gvar = _C.bn_stats(x)
     torch.testing.assert_close(mean, gmean, rtol=1e-12, atol=0)
     torch.testing.assert_close(var, gvar, rtol=1e-12, atol=0)
     # float32 input: accumulated in double, so still accurate.
@@ -165,7 +165,7 @@ def test_bn_act_forward(shape, lay, dtype, act, p):
         ww, bb = (w if has_w else None), (b if has_b else None)
         out = ops.bn_act(x, mean, var, ww, bb, EPS, act, p)
         same_layout(out, x)
-        ref = _C.generic_bn_act(x, mean, var, ww, bb, EPS, act, p)
+        ref = _C.bn_act(x, mean, var, ww, bb, EPS, act, p)
         close(out, ref, t)
         if has_w and has_b:
             eager = eager_act(F.batch_norm(x, mean, var, ww, bb, False, 0.0, EPS), act, p)
@@ -176,7 +176,7 @@ def test_bn_act_forward(shape, lay, dtype, act, p):
 
 
 def grads_generic(dy, x, mean, var, w, b, act, p, bs, mask):
-    return _C.generic_bn_act_backward(dy, x, mean, var, w, b, EPS, act, p, bs, mask)
+    return _C.bn_act_backward(dy, x, mean, var, w, b, EPS, act, p, bs, mask)
 
 
 @pytest.mark.parametrize("act,p", ACTS, ids=ACT_IDS)
@@ -187,7 +187,7 @@ def test_bn_act_backward_vs_generic(shape, lay, dtype, act, p):
     x = make_input(shape, dtype, lay)
     dy = make_input(shape, dtype, lay, seed=7)
     w, b, rmean, rvar = make_params(shape[1], dtype)
-    bmean, bvar = _C.generic_bn_stats(x)
+    bmean, bvar = _C.bn_stats(x)
     t = tol(dtype)
     scale = max(1.0, (x.numel() / shape[1]) ** 0.5)
     # every output_mask with weight and bias; every weight/bias presence with all outputs
@@ -267,10 +267,10 @@ def test_multithreaded_sizes(lay, dtype, act, p):
     w, b, _, _ = make_params(16, dtype)
     t = tol(dtype)
     mean, var = ops.bn_stats(x)
-    gmean, gvar = _C.generic_bn_stats(x)
+    gmean, gvar = _C.bn_stats(x)
     close(mean, gmean, t)
     close(var, gvar, t)
-    close(ops.bn_act(x, mean, var, w, b, EPS, act, p), _C.generic_bn_act(x, mean, var, w, b, EPS, act, p), t)
+    close(ops.bn_act(x, mean, var, w, b, EPS, act, p), _C.bn_act(x, mean, var, w, b, EPS, act, p), t)
     got = ops.bn_act_backward(dy, x, mean, var, w, b, EPS, act, p, True, [True] * 3)
     ref = grads_generic(dy, x, mean, var, w, b, act, p, True, [True] * 3)
     scale = (x.numel() / 16) ** 0.5
@@ -298,10 +298,8 @@ def test_non_dense_input_falls_back():
     x = base[:, :, ::2, 1:8]  # not dense: generic path
     dy = make_input(tuple(x.shape), torch.float64, "contiguous", seed=3)
     w, b, mean, var = make_params(4, torch.float64)
-    close(ops.bn_stats(x)[1], _C.generic_bn_stats(x)[1], 1e-12)
-    close(
-        ops.bn_act(x, mean, var, w, b, EPS, "gelu", 0.0), _C.generic_bn_act(x, mean, var, w, b, EPS, "gelu", 0.0), 1e-12
-    )
+    close(ops.bn_stats(x)[1], _C.bn_stats(x)[1], 1e-12)
+    close(ops.bn_act(x, mean, var, w, b, EPS, "gelu", 0.0), _C.bn_act(x, mean, var, w, b, EPS, "gelu", 0.0), 1e-12)
     got = ops.bn_act_backward(dy, x, mean, var, w, b, EPS, "gelu", 0.0, True, [True] * 3)
     ref = grads_generic(dy, x, mean, var, w, b, "gelu", 0.0, True, [True] * 3)
     for a, r in zip(got, ref):
@@ -315,7 +313,7 @@ def test_mixed_parameter_dtypes():
     w, b, mean, var = make_params(3, torch.float64)
     close(
         ops.bn_act(x, mean, var, w, b, EPS, "relu6", 0.0),
-        _C.generic_bn_act(x, mean, var, w, b, EPS, "relu6", 0.0),
+        _C.bn_act(x, mean, var, w, b, EPS, "relu6", 0.0),
         1e-5,
     )
     got = ops.bn_act_backward(dy, x, mean, var, w, b, EPS, "relu6", 0.0, False, [True] * 3)
@@ -366,7 +364,7 @@ def test_nan_inf_forward(lay, dtype, act, p):
     x[1, 0, 0, 1] = float("inf")
     w, b, mean, var = make_params(3, dtype)
     out = ops.bn_act(x, mean, var, w, b, EPS, act, p)
-    ref = _C.generic_bn_act(x, mean, var, w, b, EPS, act, p)
+    ref = _C.bn_act(x, mean, var, w, b, EPS, act, p)
     close(out, ref, tol(dtype), equal_nan=True)
     eager = eager_act(F.batch_norm(x, mean, var, w, b, False, 0.0, EPS), act, p)
     close(out, eager, tol(dtype) * 10, equal_nan=True)
@@ -424,7 +422,7 @@ def test_nan_inf_stats(lay, dtype):
     x[0, 1, 0, 0] = float("inf")
     x[1, 2, 1, 1] = float("-inf")
     mean, var = ops.bn_stats(x)
-    gmean, gvar = _C.generic_bn_stats(x)
+    gmean, gvar = _C.bn_stats(x)
     # channel 3 is clean; 0 has a NaN; 1 and 2 an infinity
     close(mean[3:], gmean[3:], tol(dtype))
     close(var[3:], gvar[3:], tol(dtype))
@@ -542,7 +540,7 @@ def test_empty(shape, lay, dtype):
     C = shape[1]
     w, b, mean, var = make_params(C, dtype)
     m, v = ops.bn_stats(x)
-    gm, gv = _C.generic_bn_stats(x)
+    gm, gv = _C.bn_stats(x)
     assert m.shape == (C,) and v.shape == (C,)
     torch.testing.assert_close(m, gm, equal_nan=True)
     torch.testing.assert_close(v, gv, equal_nan=True)
@@ -585,7 +583,7 @@ _DEFAULT_CAPABILITY_SCRIPT = textwrap.dedent(
     """
     import torch
     from fxfuse import _extension
-    C_ = _extension.generic()
+    C_ = _extension.generic_kernels()
     ops = torch.ops.fxfuse
     torch.manual_seed(0)
     ACTS = (("relu", 0.0), ("relu6", 0.0), ("leaky_relu", 0.1), ("gelu", 0.0),
@@ -600,16 +598,16 @@ _DEFAULT_CAPABILITY_SCRIPT = textwrap.dedent(
                 w = torch.rand(shape[1], dtype=dtype) + 0.5
                 b = torch.randn(shape[1], dtype=dtype)
                 mean, var = ops.bn_stats(x)
-                gm, gv = C_.generic_bn_stats(x)
+                gm, gv = C_.bn_stats(x)
                 torch.testing.assert_close(mean, gm, rtol=t, atol=t)
                 torch.testing.assert_close(var, gv, rtol=t, atol=t)
                 for act, p in ACTS:
                     out = ops.bn_act(x, mean, var, w, b, 1e-5, act, p)
-                    ref = C_.generic_bn_act(x, mean, var, w, b, 1e-5, act, p)
+                    ref = C_.bn_act(x, mean, var, w, b, 1e-5, act, p)
                     torch.testing.assert_close(out, ref, rtol=t, atol=t * 10)
                     for bs in (True, False):
                         got = ops.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, bs, [True] * 3)
-                        exp = C_.generic_bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, bs, [True] * 3)
+                        exp = C_.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, bs, [True] * 3)
                         for a, r in zip(got, exp):
                             torch.testing.assert_close(a, r, rtol=t, atol=t * 300)
     print("OK")

@@ -59,16 +59,16 @@ def _data(dtype, channels_last, device="cuda"):
 @pytest.mark.parametrize("dtype", list(TOL), ids=str)
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_cuda_kernels_match_generic(act, p, dtype, channels_last):
-    C = _extension.generic()
+    C = _extension.generic_kernels()
     x, dy, w, b = _data(dtype, channels_last)
     mean, var = torch.ops.fxfuse.bn_stats(x)
     out = torch.ops.fxfuse.bn_act(x, mean, var, w, b, 1e-5, act, p)
-    ref = C.generic_bn_act(x, mean, var, w, b, 1e-5, act, p)
+    ref = C.bn_act(x, mean, var, w, b, 1e-5, act, p)
     assert out.dtype == ref.dtype and out.stride() == ref.stride()
     torch.testing.assert_close(out, ref, rtol=TOL[dtype], atol=TOL[dtype])
     for batch_stats in (True, False):
         got = torch.ops.fxfuse.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, [True] * 3)
-        want = C.generic_bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, [True] * 3)
+        want = C.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, [True] * 3)
         for a, e in zip(got, want):
             assert a.dtype == e.dtype
             torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=10 * TOL[dtype])

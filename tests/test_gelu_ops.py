@@ -3,7 +3,7 @@ PyTorch, opcheck, gradcheck, the saved-tensor contract, bad input.
 
 On CPU tensors torch.ops.fxfuse.gelu / gelu_backward dispatch to the hand-written
 kernels (csrc/cpu/gelu_kernel*.cpp); the device-generic implementations are
-reachable as fxfuse._C.generic_gelu / generic_gelu_backward.
+reachable as torch.ops.fxfuse_generic.gelu / gelu_backward.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if _extension.loaded():
     from fxfuse.ops import gelu_activation, layer_activation
     from fxfuse.ops.checks import apply_activation
 
-    _C = _extension.generic()
+    _C = _extension.generic_kernels()
     ops = torch.ops.fxfuse
 
 APPROX = ["none", "tanh"]
@@ -274,15 +274,15 @@ def test_generic_gelu_matches_eager(approximate):
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         x = (torch.randn(3, 4, 5, 6) * 3).to(dtype).contiguous(memory_format=torch.channels_last)
         dy = torch.randn_like(x)
-        out = _C.generic_gelu(x, approximate=approximate)
+        out = _C.gelu(x, approximate=approximate)
         assert torch.equal(out, F.gelu(x, approximate=approximate))
         assert out.stride() == x.stride()
         assert torch.equal(
-            _C.generic_gelu_backward(dy, x, approximate=approximate),
+            _C.gelu_backward(dy, x, approximate=approximate),
             torch.ops.aten.gelu_backward(dy, x, approximate=approximate),
         )
     with pytest.raises(RuntimeError, match="approximate argument must be either none or tanh"):
-        _C.generic_gelu(x, approximate="erf")
+        _C.gelu(x, approximate="erf")
 
 
 _DEFAULT_CAPABILITY_SCRIPT = textwrap.dedent(

@@ -9,7 +9,7 @@
 //  * outputs keep the input's memory format (contiguous or channels_last).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <array>
 #include <string>

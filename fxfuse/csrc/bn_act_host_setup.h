@@ -4,7 +4,9 @@
 // arithmetic dtype, computed with ATen ops exactly as bn_act_generic computes them.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
 
 #include <optional>
 

@@ -2,7 +2,7 @@
 // CPU, elementwise/CUDA), with one wording: the message names the op and what was expected.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 

@@ -5,33 +5,44 @@
 //   cuda/*.cu      CUDA kernels (built with FXFUSE_CUDA=1),
 //   autocast/*.cpp Autocast kernels: the casts eager autocast applies, then the op.
 // Autograd and fake (meta) kernels are registered from Python (fxfuse/ops/).
-#include <torch/extension.h>
+#include <Python.h>
 #include <torch/library.h>
 
 #include "activation_ops.h"
 #include "bn_act.h"
 
+namespace {
+// Schemas that the test-only namespaces at the end share with torch.ops.fxfuse.
+constexpr const char* kBnStats = "bn_stats(Tensor input) -> (Tensor mean, Tensor var)";
+constexpr const char* kBnAct =
+    "bn_act(Tensor input, Tensor mean, Tensor var, Tensor? weight, Tensor? bias, "
+    "float eps, str act, float act_param) -> Tensor";
+constexpr const char* kBnActBackward =
+    "bn_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor var, "
+    "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
+    "bool batch_stats, bool[3] output_mask) -> (Tensor, Tensor, Tensor)";
+constexpr const char* kBnActInplace =
+    "bn_act_(Tensor(a!) self, Tensor mean, Tensor var, Tensor? weight, Tensor? bias, "
+    "float eps, str act, float act_param) -> ()";
+constexpr const char* kBnActBackwardInplace =
+    "bn_act_backward_(Tensor grad_out, Tensor(a!) input, Tensor mean, Tensor var, "
+    "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
+    "bool batch_stats, bool[2] output_mask) -> (Tensor grad_weight, Tensor grad_bias)";
+constexpr const char* kGelu = "gelu(Tensor self, *, str approximate='none') -> Tensor";
+constexpr const char* kGeluBackward = "gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor";
+}  // namespace
+
 TORCH_LIBRARY(fxfuse, m) {
   // Per-channel batch statistics of a 4-D tensor: (mean, biased var).
-  m.def("bn_stats(Tensor input) -> (Tensor mean, Tensor var)");
+  m.def(kBnStats);
   // act(batch_norm_apply(input)) with the given statistics.
-  m.def(
-      "bn_act(Tensor input, Tensor mean, Tensor var, Tensor? weight, Tensor? bias, "
-      "float eps, str act, float act_param) -> Tensor");
-  m.def(
-      "bn_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor var, "
-      "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
-      "bool batch_stats, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  m.def(kBnAct);
+  m.def(kBnActBackward);
   // In-place forms for composites that own the tensor: bn_act_ overwrites self with
   // bn_act(self, ...); bn_act_backward_ overwrites input with grad_input and returns
   // the parameter gradients (output_mask: weight, bias). Same numerics as above.
-  m.def(
-      "bn_act_(Tensor(a!) self, Tensor mean, Tensor var, Tensor? weight, Tensor? bias, "
-      "float eps, str act, float act_param) -> ()");
-  m.def(
-      "bn_act_backward_(Tensor grad_out, Tensor(a!) input, Tensor mean, Tensor var, "
-      "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
-      "bool batch_stats, bool[2] output_mask) -> (Tensor grad_weight, Tensor grad_bias)");
+  m.def(kBnActInplace);
+  m.def(kBnActBackwardInplace);
   // BatchNorm2d(+activation) that keeps only its input for backward.
   m.def(
       "batch_norm_act(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, "
@@ -51,9 +62,8 @@ TORCH_LIBRARY(fxfuse, m) {
       "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias, "
       "Tensor grad_bn_weight, Tensor grad_bn_bias)");
   // F.gelu and aten::gelu_backward (approximate: "none" or "tanh").
-  m.def("gelu(Tensor self, *, str approximate='none') -> Tensor");
-  m.def(
-      "gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor");
+  m.def(kGelu);
+  m.def(kGeluBackward);
   // act(F.linear(input, weight, bias)) that keeps only input, weight and bias for backward.
   m.def(
       "linear_act(Tensor input, Tensor weight, Tensor? bias, str act, float act_param) "
@@ -72,46 +82,34 @@ TORCH_LIBRARY(fxfuse, m) {
       "bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }
 
-// The device-generic kernels are also exposed directly so that the tests can
-// run them on CPU, where the dispatcher would pick the hand-written kernels.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "fxfuse C++ operators (loaded for their torch.library registrations)";
-  m.def("generic_bn_stats", &fxfuse::bn_stats_generic);
-  m.def("generic_bn_act", &fxfuse::bn_act_generic);
-  m.def(
-      "generic_bn_act_backward",
-      [](const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
-         const at::Tensor& var, const std::optional<at::Tensor>& weight,
-         const std::optional<at::Tensor>& bias, double eps, const std::string& act,
-         double act_param, bool batch_stats, std::array<bool, 3> mask) {
-        return fxfuse::bn_act_backward_generic(
-            grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask);
-      });
-  m.def("generic_bn_act_", &fxfuse::bn_act_generic_);
-  m.def(
-      "generic_bn_act_backward_",
-      [](const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
-         const at::Tensor& var, const std::optional<at::Tensor>& weight,
-         const std::optional<at::Tensor>& bias, double eps, const std::string& act,
-         double act_param, bool batch_stats, std::array<bool, 2> mask) {
-        return fxfuse::bn_act_backward_generic_(
-            grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask);
-      });
-  // The CUDA kernels' per-element math, built for the host (cpu/bn_act_elementwise.cpp).
-  m.def("elementwise_bn_act", &fxfuse::bn_act_elementwise_host);
-  m.def(
-      "elementwise_bn_act_backward",
-      [](const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
-         const at::Tensor& var, const std::optional<at::Tensor>& weight,
-         const std::optional<at::Tensor>& bias, double eps, const std::string& act,
-         double act_param, bool batch_stats, std::array<bool, 3> mask) {
-        return fxfuse::bn_act_backward_elementwise_host(
-            grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask);
-      });
-  m.def(
-      "generic_gelu", &fxfuse::gelu_generic, py::arg("self"), py::kw_only(),
-      py::arg("approximate") = "none");
-  m.def(
-      "generic_gelu_backward", &fxfuse::gelu_backward_generic, py::arg("grad_output"),
-      py::arg("self"), py::kw_only(), py::arg("approximate") = "none");
+// The device-generic kernels, and the host build of the CUDA kernels' per-element math
+// (cpu/bn_act_elementwise.cpp), under namespaces of their own with the same schemas, so
+// that the tests can run them on CPU, where torch.ops.fxfuse dispatches to the
+// hand-written kernels.
+TORCH_LIBRARY(fxfuse_generic, m) {
+  for (const char* schema : {kBnStats, kBnAct, kBnActBackward, kBnActInplace, kBnActBackwardInplace, kGelu,
+                             kGeluBackward}) {
+    m.def(schema);
+  }
+}
+
+TORCH_LIBRARY_IMPL(fxfuse_generic, CompositeExplicitAutograd, m) {
+  m.impl("bn_stats", &fxfuse::bn_stats_generic);
+  m.impl("bn_act", &fxfuse::bn_act_generic);
+  m.impl("bn_act_backward", &fxfuse::bn_act_backward_generic);
+  m.impl("bn_act_", &fxfuse::bn_act_generic_);
+  m.impl("bn_act_backward_", &fxfuse::bn_act_backward_generic_);
+  m.impl("gelu", &fxfuse::gelu_generic);
+  m.impl("gelu_backward", &fxfuse::gelu_backward_generic);
+}
+
+TORCH_LIBRARY(fxfuse_elementwise, m) {
+  m.def(kBnAct, &fxfuse::bn_act_elementwise_host);
+  m.def(kBnActBackward, &fxfuse::bn_act_backward_elementwise_host);
+}
+
+// `import fxfuse._C` runs the registrations above; the module itself is empty.
+PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fxfuse C++ operators", -1, nullptr};
+  return PyModule_Create(&module);
 }

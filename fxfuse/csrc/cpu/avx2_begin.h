@@ -15,7 +15,7 @@
 // use it put their code in a namespace of their own. No include guard: once per file.
 
 // ---- baseline ISA: everything at::vec needs besides itself ----
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/NumericUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
@@ -48,6 +48,7 @@
 #include <vector>
 
 #include <immintrin.h>
+#include <x86intrin.h>
 
 // ---- AVX2 + FMA from here on ----
 #if defined(__clang__)

@@ -3,7 +3,9 @@
 // math (bn_act_elementwise.h, bn_act_plan.h), run by plain serial loops, so that
 // the CPU tests check the device formulas against the generic path. Not registered
 // as an op kernel: exposed through fxfuse._C for the tests only.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 

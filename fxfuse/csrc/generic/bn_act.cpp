@@ -1,6 +1,9 @@
 // Device-generic BatchNorm-apply + activation, written with ATen ops only.
 // Registered as CompositeExplicitAutograd, so it serves CUDA and every device
 // without a dedicated kernel; it is also the C++ reference for the CPU kernels.
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/var_mean.h>
 #include <torch/library.h>
 
 #include "../activation_ops.h"

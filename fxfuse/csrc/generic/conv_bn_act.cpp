@@ -6,6 +6,8 @@
 // buffer per call instead of two.
 // Built from ATen calls plus fxfuse's own ops, so it runs on every device and
 // picks the hand-written kernels where a device has them.
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
 #include <torch/library.h>
 
 #include "../bn_act.h"

@@ -9,6 +9,11 @@
 // layer op, then the same ATen activation, applied in place to the fresh layer
 // output (no second wide buffer). The result has the layer output's layout
 // (at::convolution's: channels_last in, channels_last out).
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <vector>
