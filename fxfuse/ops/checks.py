@@ -105,6 +105,25 @@ def conv_meta(input, weight, bias, stride, padding, dilation, groups) -> Tensor:
     return torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation, False, [0, 0], groups)
 
 
+def conv_backward_meta(input, weight, bias, stride, padding, dilation, groups, output_mask) -> tuple:
+    """(grad_input, grad_weight, grad_bias) of the convolution as the fake kernels see them."""
+    grad_y = torch.empty_like(conv_meta(input, weight, bias, stride, padding, dilation, groups))
+    has_bias = bias is not None
+    return torch.ops.aten.convolution_backward.default(
+        grad_y,
+        input,
+        weight,
+        list(bias.shape) if has_bias else None,
+        stride,
+        padding,
+        dilation,
+        False,
+        [0, 0],
+        groups,
+        [output_mask[0], output_mask[1], output_mask[2] and has_bias],
+    )
+
+
 # --------------------------------------------------------------------------- dtypes, devices, autocast
 
 

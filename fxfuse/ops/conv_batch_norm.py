@@ -20,7 +20,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .batch_norm import batch_ok, update_running_stats
-from .checks import IntPair, apply_activation, check_act, conv_geometry, conv_meta, layer_kernels_apply, stats_like
+from .checks import (
+    IntPair,
+    apply_activation,
+    check_act,
+    conv_backward_meta,
+    conv_geometry,
+    conv_meta,
+    layer_kernels_apply,
+    stats_like,
+)
 
 __all__ = ["conv_bn_act"]
 
@@ -127,20 +136,8 @@ def _conv_bn_act_backward_fake(
     act_param,
     output_mask,
 ):
-    grad_y = torch.empty_like(conv_meta(input, weight, bias, stride, padding, dilation, groups))
-    has_bias = bias is not None
-    grad_input, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-        grad_y,
-        input,
-        weight,
-        list(bias.shape) if has_bias else None,
-        stride,
-        padding,
-        dilation,
-        False,
-        [0, 0],
-        groups,
-        [output_mask[0], output_mask[1], output_mask[2] and has_bias],
+    grad_input, grad_weight, grad_bias = conv_backward_meta(
+        input, weight, bias, stride, padding, dilation, groups, output_mask[:3]
     )
     return (
         grad_input,

@@ -27,6 +27,7 @@ from .checks import (
     IntPair,
     apply_activation,
     check_act,
+    conv_backward_meta,
     conv_geometry,
     conv_meta,
     fusable,
@@ -169,20 +170,7 @@ def _conv_act_backward_fake(
     has_bias = bias is not None
     if not (output_mask[0] or output_mask[1] or (output_mask[2] and has_bias)):
         return None, None, None
-    grad_y = torch.empty_like(conv_meta(input, weight, bias, stride, padding, dilation, groups))
-    return torch.ops.aten.convolution_backward.default(
-        grad_y,
-        input,
-        weight,
-        list(bias.shape) if has_bias else None,
-        stride,
-        padding,
-        dilation,
-        False,
-        [0, 0],
-        groups,
-        [output_mask[0], output_mask[1], output_mask[2] and has_bias],
-    )
+    return conv_backward_meta(input, weight, bias, stride, padding, dilation, groups, output_mask)
 
 
 def _conv_act_setup(ctx, inputs, output):
