@@ -16,6 +16,12 @@ from fxfuse.testing import assert_equivalent
 SHAPE = (2, 8, 256, 256)
 
 
+@pytest.fixture
+def avx2_aten(monkeypatch):
+    """ATen's kernels as on an AVX2 CPU, where fxfuse::gelu measured faster (channels_last float32)."""
+    monkeypatch.setattr(runtime, "aten_cpu_capability", lambda: "AVX2")
+
+
 class ResidualGelu(nn.Module):
     """GELUs whose input comes from an add, so no Linear/Conv/BN pass takes them."""
 
@@ -53,7 +59,7 @@ def _sites(report):
     )
 
 
-def test_channels_last_example_input_rewrites_only_the_fast_site():
+def test_channels_last_example_input_rewrites_only_the_fast_site(avx2_aten):
     x = torch.randn(SHAPE).to(memory_format=torch.channels_last)
     model = ResidualGelu()
     optimized = fxfuse.optimize(copy.deepcopy(model), x)
@@ -67,7 +73,7 @@ def test_channels_last_example_input_rewrites_only_the_fast_site():
     assert_equivalent(model, optimized, x, dtype=torch.float32)
 
 
-def test_contiguous_example_input_is_left_to_eager():
+def test_contiguous_example_input_is_left_to_eager(avx2_aten):
     x = torch.randn(SHAPE)
     optimized = fxfuse.optimize(ResidualGelu(), x, mode="fast")
     fused, skipped = _sites(optimized.fxfuse_report)
@@ -76,7 +82,7 @@ def test_contiguous_example_input_is_left_to_eager():
     assert _gelu_calls(optimized, x) == 0
 
 
-def test_without_example_inputs_the_call_picks_the_path_and_stays_exact():
+def test_without_example_inputs_the_call_picks_the_path_and_stays_exact(avx2_aten):
     model = ResidualGelu()
     optimized = fxfuse.optimize(copy.deepcopy(model))
     fused, _ = _sites(optimized.fxfuse_report)
@@ -99,7 +105,7 @@ def test_without_example_inputs_the_call_picks_the_path_and_stays_exact():
         ((4, 1, 512, 512), torch.channels_last, torch.float32, "none", False),  # also contiguous
     ],
 )
-def test_gelu_is_faster(shape, fmt, dtype, approximate, expected):
+def test_gelu_is_faster(shape, fmt, dtype, approximate, expected, avx2_aten):
     x = torch.randn(shape, dtype=dtype).to(memory_format=fmt)
     assert runtime.gelu_is_faster(x, approximate) is expected
     # fxfuse.ops.gelu's accuracy contract (F32_SPREAD in tests/test_gelu_ops.py: ATen's own
@@ -108,6 +114,17 @@ def test_gelu_is_faster(shape, fmt, dtype, approximate, expected):
     torch.testing.assert_close(
         runtime.gelu_where_faster(x, approximate), F.gelu(x, approximate=approximate), rtol=t, atol=t
     )
+
+
+@pytest.mark.parametrize("capability", ["AVX512", "not x86"])
+def test_where_aten_has_faster_kernels_every_gelu_stays_eager(monkeypatch, capability):
+    monkeypatch.setattr(runtime, "aten_cpu_capability", lambda: capability)
+    x = torch.randn(SHAPE).to(memory_format=torch.channels_last)
+    for example in ((x,), ()):
+        optimized = fxfuse.optimize(ResidualGelu(), *example)
+        fused, skipped = _sites(optimized.fxfuse_report)
+        assert fused == {} and any(capability in s.reason for s in skipped)
+        assert _gelu_calls(optimized, x) == 0
 
 
 def test_gelu_module_with_hooks_is_skipped():

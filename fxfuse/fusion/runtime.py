@@ -10,6 +10,8 @@ eager errors). Also `gelu_where_faster`, which rewritten standalone GELUs call.
 
 from __future__ import annotations
 
+import functools
+import platform
 from typing import Any, Optional
 
 import torch
@@ -141,12 +143,24 @@ def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> 
     )
 
 
-# fxfuse::gelu against F.gelu, forward + backward, CPU float32 (benchmarks/bench_gelu.py --only gelu):
-# 0.70-0.74x eager's time on channels_last 4-D inputs of 1.2M and 3.2M elements with
-# approximate="none"; no faster on contiguous inputs, with approximate="tanh", or in float64;
-# slower on small tensors (25k elements), where the custom op's dispatch overhead dominates.
+# fxfuse::gelu against F.gelu, forward + backward, CPU float32 (benchmarks/bench_gelu.py --only gelu),
+# by the kernels ATen picks (ATEN_CPU_CAPABILITY) on x86: channels_last 4-D inputs of 1.2M-3.2M
+# elements with approximate="none" took 0.87-0.90x eager's time against ATen's AVX2 kernels and
+# 0.32-0.34x against its baseline ones, but 1.03-1.07x against its AVX-512 kernels (fxfuse's
+# kernels are built for baseline and AVX2). No faster anywhere on contiguous inputs, with
+# approximate="tanh", or in float64; slower on small tensors (25k elements), where the custom
+# op's dispatch overhead dominates.
 GELU_FAST_MIN_NUMEL = 1 << 20
+GELU_FAST_CAPABILITIES = ("DEFAULT", "AVX2")
 _GELU_FAST = "fxfuse::gelu measured faster than eager for channels_last float32 CPU inputs"
+
+
+@functools.cache
+def aten_cpu_capability() -> str:
+    """The CPU kernels ATen runs in this process ("DEFAULT", "AVX2", "AVX512", ...)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "not x86"
+    return torch.backends.cpu.get_cpu_capability()
 
 
 def gelu_rule(
@@ -160,6 +174,9 @@ def gelu_rule(
     """
     if approximate != "none":
         return False, "approximate='tanh': fxfuse::gelu measured no faster than eager"
+    capability = aten_cpu_capability()
+    if capability not in GELU_FAST_CAPABILITIES:
+        return False, f"ATen runs its {capability} CPU kernels here: fxfuse::gelu measured no faster"
     if dtype is None:
         return True, f"layout known only at run time: dispatches per call ({_GELU_FAST}; F.gelu otherwise)"
     if dtype != torch.float32:
