@@ -27,7 +27,14 @@ at::ScalarType stats_dtype(at::ScalarType t);
 at::MemoryFormat suggested_format(const at::Tensor& t);
 
 // ---- device-generic implementations, built from ATen calls ----
-std::tuple<at::Tensor, at::Tensor> bn_stats_generic(const at::Tensor& input);
+// (mean, biased var, unbiased var), the last for the running-statistics update.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats_generic(const at::Tensor& input);
+
+// The statistics a BatchNorm applies: the batch's (bn_stats) when batch_stats, else
+// copies of the running ones (the running var twice); `op` names the caller in errors.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> normalization_stats(
+    const at::Tensor& input, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool batch_stats, const char* op);
 
 at::Tensor bn_act_generic(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
@@ -54,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_generic_(
     double act_param, bool batch_stats, std::array<bool, 2> output_mask);
 
 // ---- hand-written CPU kernels (cpu/bn_act_kernel.cpp) ----
-std::tuple<at::Tensor, at::Tensor> bn_stats_cpu(const at::Tensor& input);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats_cpu(const at::Tensor& input);
 
 at::Tensor bn_act_cpu(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,

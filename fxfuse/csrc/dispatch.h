@@ -10,10 +10,10 @@
 
 namespace fxfuse::dispatch {
 
-inline std::tuple<at::Tensor, at::Tensor> bn_stats(const at::Tensor& input) {
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats(const at::Tensor& input) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("fxfuse::bn_stats", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)>();
+                       .typed<decltype(bn_stats_generic)>();
   return op.call(input);
 }
 
@@ -61,13 +61,13 @@ inline std::tuple<at::Tensor, at::Tensor> bn_act_backward_(
       grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, output_mask);
 }
 
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
     const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
     bool batch_stats, double eps, c10::string_view act, double act_param) {
-  using Fn = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+  using Fn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
       at::IntArrayRef, at::IntArrayRef, int64_t, const std::optional<at::Tensor>&,
       const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,

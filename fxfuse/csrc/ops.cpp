@@ -13,7 +13,8 @@
 
 namespace {
 // Schemas that the test-only namespaces at the end share with torch.ops.fxfuse.
-constexpr const char* kBnStats = "bn_stats(Tensor input) -> (Tensor mean, Tensor var)";
+constexpr const char* kBnStats =
+    "bn_stats(Tensor input) -> (Tensor mean, Tensor var, Tensor unbiased_var)";
 constexpr const char* kBnAct =
     "bn_act(Tensor input, Tensor mean, Tensor var, Tensor? weight, Tensor? bias, "
     "float eps, str act, float act_param) -> Tensor";
@@ -33,7 +34,8 @@ constexpr const char* kGeluBackward = "gelu_backward(Tensor grad_output, Tensor 
 }  // namespace
 
 TORCH_LIBRARY(fxfuse, m) {
-  // Per-channel batch statistics of a 4-D tensor: (mean, biased var).
+  // Per-channel batch statistics of a 4-D tensor: mean, biased var (which the BN applies)
+  // and unbiased var (for the running statistics). On CPU, eager batch_norm's bits.
   m.def(kBnStats);
   // act(batch_norm_apply(input)) with the given statistics.
   m.def(kBnAct);
@@ -43,17 +45,19 @@ TORCH_LIBRARY(fxfuse, m) {
   // the parameter gradients (output_mask: weight, bias). Same numerics as above.
   m.def(kBnActInplace);
   m.def(kBnActBackwardInplace);
-  // BatchNorm2d(+activation) that keeps only its input for backward.
+  // BatchNorm2d(+activation) that keeps only its input for backward. mean / var: the
+  // statistics applied (bn_stats' when batch_stats, else the running ones); unbiased_var:
+  // the batch's, for the caller's running-statistics update (the running var otherwise).
   m.def(
       "batch_norm_act(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, "
       "Tensor? running_var, bool batch_stats, float eps, str act, float act_param) "
-      "-> (Tensor out, Tensor mean, Tensor var)");
+      "-> (Tensor out, Tensor mean, Tensor var, Tensor unbiased_var)");
   // Conv2d -> BatchNorm2d (-> activation) that keeps only the conv input.
   m.def(
       "conv_bn_act(Tensor input, Tensor weight, Tensor? bias, int[2] stride, "
       "int[2] padding, int[2] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, "
       "Tensor? running_mean, Tensor? running_var, bool batch_stats, float eps, str act, "
-      "float act_param) -> (Tensor out, Tensor mean, Tensor var)");
+      "float act_param) -> (Tensor out, Tensor mean, Tensor var, Tensor unbiased_var)");
   m.def(
       "conv_bn_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
       "int[2] stride, int[2] padding, int[2] dilation, int groups, Tensor? bn_weight, "

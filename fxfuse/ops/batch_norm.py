@@ -23,13 +23,16 @@ __all__ = ["batch_norm_act", "update_running_stats"]
 
 
 def update_running_stats(
-    running_mean: Tensor, running_var: Tensor, mean: Tensor, var: Tensor, count: int, momentum: float
+    running_mean: Tensor, running_var: Tensor, mean: Tensor, unbiased_var: Tensor, momentum: float
 ) -> None:
-    """running = (1 - momentum) * running + momentum * batch, with the unbiased batch variance."""
+    """running = momentum * batch + (1 - momentum) * running, rounded as ATen's CPU batch_norm
+    rounds it (batch_norm_cpu_update_stats_template): momentum in the statistics' dtype, the mean
+    update in that dtype, the variance's momentum * unbiased_var term in double."""
     with torch.no_grad():
-        unbiased = var * (count / (count - 1)) if count > 1 else var * float("inf")
-        running_mean.copy_(momentum * mean.detach() + (1 - momentum) * running_mean)
-        running_var.copy_(momentum * unbiased.detach() + (1 - momentum) * running_var)
+        m = torch.tensor(momentum, dtype=running_mean.dtype)
+        running_mean.copy_(m * mean + (1 - m) * running_mean)
+        var_term = m.to(torch.float64) * unbiased_var.to(torch.float64)
+        running_var.copy_(var_term + ((1 - m.to(running_var.dtype)) * running_var).to(torch.float64))
 
 
 def batch_ok(count: int, training: bool) -> bool:
@@ -61,11 +64,11 @@ def batch_norm_act(
     ):
         out = F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
         return apply_activation(out, act, act_param)
-    out, mean, var = torch.ops.fxfuse.batch_norm_act(
+    out, mean, _, unbiased_var = torch.ops.fxfuse.batch_norm_act(
         input, weight, bias, running_mean, running_var, training, eps, act, float(act_param)
     )
     if training and running_mean is not None and running_var is not None:
-        update_running_stats(running_mean, running_var, mean, var, count, momentum)
+        update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)
     return out
 
 
@@ -73,7 +76,7 @@ def batch_norm_act(
 
 
 def _bn_stats_fake(input):
-    return stats_like(input), stats_like(input)
+    return stats_like(input), stats_like(input), stats_like(input)
 
 
 def _bn_act_fake(input, mean, var, weight, bias, eps, act, act_param):
@@ -102,7 +105,7 @@ def _bn_act_backward_inplace_fake(
 
 
 def _batch_norm_act_fake(input, weight, bias, running_mean, running_var, batch_stats, eps, act, act_param):
-    return torch.empty_like(input), stats_like(input), stats_like(input)
+    return torch.empty_like(input), stats_like(input), stats_like(input), stats_like(input)
 
 
 # --------------------------------------------------------------------------- autograd
@@ -127,14 +130,14 @@ def _bn_act_bwd(ctx, grad_out):
 
 def _batch_norm_act_setup(ctx, inputs, output):
     input, weight, bias, running_mean, running_var, batch_stats, eps, act, act_param = inputs
-    _, mean, var = output
+    _, mean, var, _ = output
     # Only the BN input and the per-channel statistics are kept; the normalized
     # value and the activation input are recomputed in backward.
     ctx.save_for_backward(input, mean, var, weight, bias)
     ctx.config = (batch_stats, eps, act, act_param)
 
 
-def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var):
+def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
     input, mean, var, weight, bias = ctx.saved_tensors
     batch_stats, eps, act, act_param = ctx.config
     need = ctx.needs_input_grad

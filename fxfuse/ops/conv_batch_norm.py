@@ -74,7 +74,7 @@ def conv_bn_act(
         y = F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
         return apply_activation(y, act, act_param)
     input, stride, padding, dilation, _ = geometry
-    out, mean, var = torch.ops.fxfuse.conv_bn_act(
+    out, mean, _, unbiased_var = torch.ops.fxfuse.conv_bn_act(
         input,
         weight,
         bias,
@@ -92,7 +92,7 @@ def conv_bn_act(
         float(act_param),
     )
     if training and running_mean is not None and running_var is not None:
-        update_running_stats(running_mean, running_var, mean, var, count, momentum)
+        update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)
     return out
 
 
@@ -114,7 +114,7 @@ def _conv_bn_act_fake(
     act_param,
 ):
     y = conv_meta(input, weight, bias, stride, padding, dilation, groups)
-    return torch.empty_like(y), stats_like(y), stats_like(y)
+    return torch.empty_like(y), stats_like(y), stats_like(y), stats_like(y)
 
 
 def _conv_bn_act_backward_fake(
@@ -166,12 +166,12 @@ def _setup(ctx, inputs, output):
         act,
         act_param,
     ) = inputs
-    _, mean, var = output
+    _, mean, var, _ = output
     ctx.save_for_backward(input, weight, bias, bn_weight, bn_bias, mean, var)
     ctx.config = (stride, padding, dilation, groups, batch_stats, eps, act, act_param)
 
 
-def _backward(ctx, grad_out, _grad_mean, _grad_var):
+def _backward(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
     input, weight, bias, bn_weight, bn_bias, mean, var = ctx.saved_tensors
     stride, padding, dilation, groups, batch_stats, eps, act, act_param = ctx.config
     need = ctx.needs_input_grad

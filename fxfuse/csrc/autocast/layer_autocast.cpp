@@ -15,7 +15,7 @@ namespace fxfuse {
 namespace {
 
 template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_bn_act_autocast(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act_autocast(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
     const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,

@@ -7,22 +7,26 @@
 // bn_act_kernel_impl.h for the design.
 //
 // Routing:
-//  * float / double, contiguous NCHW or channels_last: hand-written kernels;
+//  * float / double, contiguous NCHW or channels_last: hand-written kernels
+//    (bn_stats: NCHW with H*W > 1 only; every other input gets ATen's own statistics);
 //  * any other dtype (half, bfloat16, ...) or layout: the device-generic ATen
-//    implementation (bn_act_generic & co.), which is the reference anyway;
+//    implementation (bn_act_generic & co.);
 //  * empty inputs: the generic implementation too (it returns correctly shaped
 //    empty / NaN / zero results without touching data).
 //
-// Numerics follow bn_act_generic operation by operation (same invstd and scale,
-// z = (x - mean) * scale + bias rounded exactly as the generic path's separate
-// ATen ops, same derivative formulas), with all reductions in double.
+// Numerics: the training forward is eager batch_norm's bit for bit under every CPU
+// capability (statistics, invstd, z = x * alpha + beta), so that activation branches
+// (relu's z > 0) fall exactly as in eager. The backward recomputes that z and follows
+// bn_act_backward_generic's formulas, with its reductions in double.
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/batch_norm_update_stats.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Version.h>
 #include <torch/library.h>
@@ -70,16 +74,19 @@ std::optional<std::pair<cpu::Geometry, at::MemoryFormat>> geometry(const at::Ten
   return std::nullopt;
 }
 
-// Per-channel mean, invstd, scale, bias in dtype T, computed as bn_act_generic
-// does: invstd = rsqrt(var + eps), scale = invstd * weight (or invstd); the kernels
-// then form z = (x - mean) * scale + bias. k1/k2 are filled in by the backward.
+// Per-channel coefficients in dtype T, computed as ATen's batch_norm computes them from
+// batch statistics: invstd = 1 / sqrt(var + eps) in double (its InvStd<double>),
+// alpha = invstd * weight (or invstd), beta = bias - mean * alpha (kernels' shift).
+// Running statistics get the same invstd; eager's evaluation-mode batch_norm computes that
+// one in T, so eval outputs can differ from eager's in the last bit. k1/k2 are filled in
+// by the backward.
 template <typename T>
 struct ChannelParams {
   at::Tensor mean;  // contiguous, dtype T
-  std::vector<T> invstd, scale, bias, k1, k2;
+  std::vector<T> invstd, alpha, beta, k1, k2;
 
   cpu::Coeffs<T> coeffs() const {
-    return {mean.const_data_ptr<T>(), scale.data(), bias.data(), invstd.data(),
+    return {mean.const_data_ptr<T>(), alpha.data(), beta.data(), invstd.data(),
             k1.empty() ? nullptr : k1.data(), k2.empty() ? nullptr : k2.data()};
   }
 };
@@ -98,37 +105,106 @@ ChannelParams<T> channel_params(
   if (has(bias)) b = bias->to(dt).contiguous();
   const T* vp = v.const_data_ptr<T>();
   const T* wp = w.defined() ? w.const_data_ptr<T>() : nullptr;
-  const T* bp = b.defined() ? b.const_data_ptr<T>() : nullptr;
   cp.invstd.resize(C);
-  cp.scale.resize(C);
-  cp.bias.assign(C, T(0));
-  const T teps = static_cast<T>(eps);
+  cp.alpha.resize(C);
+  cp.beta.resize(C);
   for (int64_t c = 0; c < C; ++c) {
-    const T invstd = T(1) / std::sqrt(vp[c] + teps);
+    const double vc = static_cast<double>(vp[c]);
+    const T invstd = (vc != 0 || eps != 0) ? static_cast<T>(1.0 / std::sqrt(vc + eps)) : T(0);
     cp.invstd[c] = invstd;
-    cp.scale[c] = wp ? invstd * wp[c] : invstd;
-    if (bp) cp.bias[c] = bp[c];
+    cp.alpha[c] = wp ? invstd * wp[c] : invstd;
   }
+  kernel_table<T>().shift(
+      C, cp.mean.template const_data_ptr<T>(), cp.alpha.data(),
+      b.defined() ? b.const_data_ptr<T>() : nullptr, cp.beta.data());
   return cp;
+}
+
+// Float32, contiguous NCHW with H*W > 1: ATen's own reduction for that case
+// (batch_norm_cpu_collect_stats_contiguous_impl), so that the statistics are eager's bit
+// for bit, but several times faster. Per channel: a sequential sum in double of x,
+// mean = (float)(sum / M), then a sequential sum in double of the float squares
+// (x - mean)^2. Each sum is one chain of dependent adds, which ATen runs one channel at a
+// time; here kLanes channels run side by side to hide the adds' latency, each still summed
+// in ATen's order, so the result depends neither on the ISA nor on the thread count.
+// (Float64 gets ATen's reduction itself: its builds fuse some of the double
+// multiply-adds, depending on how the compiler split the loop.)
+constexpr int kLanes = 8;
+
+template <int L>
+void stats_lanes(const cpu::Geometry& g, const float* x, int64_t c0, float* mean, float* var_sum) {
+  const int64_t N = g.N, C = g.C, HW = g.HW, M = N * HW;
+  double s[L] = {};
+  for (int64_t n = 0; n < N; ++n) {
+    const float* p = x + (n * C + c0) * HW;
+    for (int64_t i = 0; i < HW; ++i) {
+      for (int k = 0; k < L; ++k) s[k] += static_cast<double>(p[k * HW + i]);
+    }
+  }
+  float m[L];
+  for (int k = 0; k < L; ++k) m[k] = static_cast<float>(s[k] / M);
+  double q[L] = {};
+  for (int64_t n = 0; n < N; ++n) {
+    const float* p = x + (n * C + c0) * HW;
+    for (int64_t i = 0; i < HW; ++i) {
+      for (int k = 0; k < L; ++k) {
+        const float d = p[k * HW + i] - m[k];
+        q[k] += static_cast<double>(d * d);
+      }
+    }
+  }
+  for (int k = 0; k < L; ++k) {
+    mean[c0 + k] = m[k];
+    var_sum[c0 + k] = static_cast<float>(q[k]);
+  }
+}
+
+void stats_nchw_float(const cpu::Geometry& g, const float* x, float* mean, float* var_sum) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / (kLanes * g.N * g.HW));
+  at::parallel_for(0, (g.C + kLanes - 1) / kLanes, grain, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      const int64_t c0 = blk * kLanes;
+      if (c0 + kLanes <= g.C) {
+        stats_lanes<kLanes>(g, x, c0, mean, var_sum);
+      } else {
+        for (int64_t c = c0; c < g.C; ++c) stats_lanes<1>(g, x, c, mean, var_sum);
+      }
+    }
+  });
+}
+
+// (mean, biased var, unbiased var) from ATen's own batch_norm reduction: eager's bits.
+// With momentum 1 the running-statistics update becomes a copy, rounded as eager rounds it,
+// of the batch mean and the unbiased variance (1 * v + 0 * 0) into the zero buffers.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> aten_stats(const at::Tensor& input) {
+  const auto opts = input.options().dtype(stats_dtype(input.scalar_type()));
+  at::Tensor running_mean = at::zeros({input.size(1)}, opts);
+  at::Tensor unbiased = at::zeros({input.size(1)}, opts);
+  auto [mean, var] = at::batch_norm_update_stats(input, running_mean, unbiased, 1.0);
+  return {mean, var, unbiased};
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> bn_stats_cpu(const at::Tensor& input) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats_cpu(const at::Tensor& input) {
   checks::bn_input(input, "bn_stats");
+  if (input.numel() == 0) return bn_stats_generic(input);
   const auto geo = geometry(input);
-  if (!fast_dtype(input.scalar_type()) || !geo || input.numel() == 0) {
-    return bn_stats_generic(input);
-  }
-  const int64_t C = input.size(1);
+  if (input.scalar_type() != at::kFloat || !geo || geo->first.nhwc) return aten_stats(input);
+  const int64_t C = input.size(1), M = input.numel() / C;
   at::Tensor mean = at::empty({C}, input.options());
   at::Tensor var = at::empty({C}, input.options());
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "fxfuse::bn_stats_cpu", [&] {
-    kernel_table<scalar_t>().stats(
-        geo->first, input.const_data_ptr<scalar_t>(), mean.mutable_data_ptr<scalar_t>(),
-        var.mutable_data_ptr<scalar_t>());
-  });
-  return {mean, var};
+  at::Tensor unbiased = at::empty({C}, input.options());
+  std::vector<float> var_sum(C);
+  stats_nchw_float(geo->first, input.const_data_ptr<float>(), mean.mutable_data_ptr<float>(), var_sum.data());
+  float* vp = var.mutable_data_ptr<float>();
+  float* up = unbiased.mutable_data_ptr<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    // float / int64 -> float, as ATen divides (batch_norm_cpu_update_stats_template)
+    vp[c] = var_sum[c] / M;
+    up[c] = var_sum[c] / (M - 1);
+  }
+  return {mean, var, unbiased};
 }
 
 namespace {

@@ -28,16 +28,17 @@ struct Geometry {
 };
 
 // Per-channel coefficients, arrays of length C in dtype T. The pre-activation is
-// computed as bn_act_generic does, z = (x - mean) * scale + bias, with
-// scale = invstd * weight (bias is 0 when absent); grad_input is
-//   batch_stats: ((g - k1) - ((x - mean) * invstd) * k2) * scale
-//   otherwise:   g * scale
+// computed as ATen's batch_norm computes it, z = x * alpha + beta, with
+// alpha = invstd * weight and beta = bias - mean * alpha (bias 0 when absent);
+// grad_input is
+//   batch_stats: ((g - k1) - ((x - mean) * invstd) * k2) * alpha
+//   otherwise:   g * alpha
 // with k1 = sum_g / M and k2 = sum_gx / M (only needed, and only set, for batch_stats).
 template <typename T>
 struct Coeffs {
   const T* mean;
-  const T* scale;
-  const T* bias;
+  const T* alpha;
+  const T* beta;
   const T* invstd;
   const T* k1;
   const T* k2;
@@ -45,8 +46,9 @@ struct Coeffs {
 
 template <typename T>
 struct KernelTable {
-  // Per-channel mean and biased variance (accumulated in double).
-  void (*stats)(const Geometry& g, const T* x, T* mean, T* var);
+  // beta = bias - mean * alpha (bias may be null), rounded as ATen's build of this
+  // capability rounds it.
+  void (*shift)(int64_t C, const T* mean, const T* alpha, const T* bias, T* beta);
   // out = act(z).
   void (*forward)(
       const Geometry& g, const T* x, const Coeffs<T>& cf, Act act, T act_param, T* out);

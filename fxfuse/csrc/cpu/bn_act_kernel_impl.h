@@ -1,5 +1,5 @@
-// Vectorized, multi-threaded CPU kernel bodies for bn_stats / bn_act /
-// bn_act_backward. Compiled once per CPU capability: include this header from
+// Vectorized, multi-threaded CPU kernel bodies for bn_act / bn_act_backward.
+// Compiled once per CPU capability: include this header from
 // exactly one translation unit per capability, with CPU_CAPABILITY defined to
 // that capability's name (DEFAULT or AVX2) and, for AVX2, CPU_CAPABILITY_AVX2
 // and a matching target ISA. Everything is placed in namespace
@@ -17,16 +17,16 @@
 //    rows and its own (tiled) double accumulators, folded together at the end
 //    in a fixed order (deterministic results).
 // Remainders use partial (masked) vector loads/stores, with the unused lanes
-// blended to zero before they reach an accumulator (bn_stats: scalar remainders).
+// blended to zero before they reach an accumulator.
 //
-// Passes over memory: bn_stats 1, bn_act 1, bn_act_backward 2 (per-channel sums,
-// then grad_input); g = dy * act'(z) is recomputed in each backward pass from dy
-// and x, never stored.
+// Passes over memory: bn_act 1, bn_act_backward 2 (per-channel sums, then grad_input);
+// g = dy * act'(z) is recomputed in each backward pass from dy and x, never stored.
 //
-// Accuracy: bn_stats converts to double and sums x - K and (x - K)^2 with a
-// per-channel shift K (the channel's first element), which keeps the variance
-// accurate even when |mean| >> std. The backward sums run in T over short blocks
-// (32 vectors per lane) whose partial sums are added up in double.
+// Exactness: z = x * alpha + beta rounds as ATen's batch_norm kernel of the same
+// capability (bn_z), so with eager's statistics (bn_stats, bn_act_kernel.cpp) the float32
+// training forward is eager's bit for bit. The backward recomputes that same z; its sums
+// run in T over short blocks (32 vectors per lane) whose partial sums are added up in
+// double.
 #pragma once
 
 #ifndef CPU_CAPABILITY
@@ -37,7 +37,9 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "activation.h"
@@ -127,15 +129,11 @@ struct DAcc<float> {
   }
 };
 
-// Rounding barriers. The AVX2 build could otherwise fuse a multiply with a later
-// add or subtract into an FMA (setup.py passes -ffp-contract=off, but the kernels
-// do not rely on it):
-//  * z = rounded((x - mean) * scale) + bias rounds exactly like the generic path's
-//    separate ATen ops, so branch points of the activations (relu's z <= 0,
-//    hardswish's +-3, ...) fall the same way;
-//  * g = rounded(dy * act'(z)) is bitwise the same in both backward passes, so
-//    g - sum_g / M is exactly 0 where it should be (e.g. a single element per channel).
-// (The baseline x86-64 build has no FMA to fuse into.)
+// Rounding barrier: g = rounded(dy * act'(z)) is bitwise the same in both backward
+// passes, so g - sum_g / M is exactly 0 where it should be (e.g. a single element per
+// channel). The AVX2 build could otherwise fuse the multiply with a later add or subtract
+// (setup.py passes -ffp-contract=off, but the kernels do not rely on it); the baseline
+// x86-64 build has no FMA to fuse into.
 inline Vectorized<float> rounded(const Vectorized<float>& v) {
 #if defined(CPU_CAPABILITY_AVX2) && defined(__GNUC__)
   __m256 r = v;
@@ -159,6 +157,33 @@ inline Vectorized<double> rounded(const Vectorized<double>& v) {
 template <typename T>
 inline Vectorized<T> mul_rounded(const Vectorized<T>& a, const Vectorized<T>& b) {
   return rounded(a * b);
+}
+
+// The batch-norm pre-activation z = x * alpha + beta (alpha = invstd * weight,
+// beta = bias - mean * alpha), rounded as ATen's batch_norm kernel of the same CPU
+// capability rounds it, so that z, and with it every activation branch (relu's z > 0,
+// hardswish's +-3, ...), is eager's bit for bit: ATen's AVX2 and AVX-512 builds are
+// compiled with FMA contraction (one rounding), its baseline build has no FMA (two).
+template <typename T>
+inline Vectorized<T> bn_z(const Vectorized<T>& x, const Vectorized<T>& alpha, const Vectorized<T>& beta) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return at::vec::fmadd(x, alpha, beta);
+#else
+  return x * alpha + beta;
+#endif
+}
+
+// beta = bias - mean * alpha, rounded as ATen's scalar code of the same capability does.
+template <typename T>
+void shift_kernel(int64_t C, const T* mean, const T* alpha, const T* bias, T* beta) {
+  for (int64_t c = 0; c < C; ++c) {
+    const T b = bias ? bias[c] : T(0);
+#if defined(CPU_CAPABILITY_AVX2)
+    beta[c] = std::fma(-mean[c], alpha[c], b);
+#else
+    beta[c] = b - mean[c] * alpha[c];
+#endif
+  }
 }
 
 // ----------------------------------------------------------------------------
@@ -192,122 +217,6 @@ int64_t for_row_chunks(int64_t rows, int64_t C, const F& f) {
 }
 
 // ----------------------------------------------------------------------------
-// bn_stats
-
-template <typename T>
-inline void finish_stats(double K, double s1, double s2, int64_t M, T* mean, T* var) {
-  const double m = static_cast<double>(M);
-  const double d = s1 / m;
-  double v = (s2 - s1 * d) / m;
-  if (v < 0) v = 0;  // rounding only; keeps NaN
-  *mean = static_cast<T>(K + d);
-  *var = static_cast<T>(v);
-}
-
-template <typename T>
-void stats_nchw(const Geometry& g, const T* x, T* mean, T* var) {
-  using Vec = Vectorized<T>;
-  constexpr int64_t VS = Vec::size();
-  const int64_t N = g.N, C = g.C, HW = g.HW, M = N * HW;
-  at::parallel_for(0, C, std::max<int64_t>(1, kGrain / M), [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) {
-      const T K = x[c * HW];
-      const Vec Kv(K);
-      const DVec Kd(static_cast<double>(K));
-      DVec s1[kWide<T>], s2[kWide<T>];
-      for (int k = 0; k < kWide<T>; ++k) s1[k] = s2[k] = DVec(0.0);
-      for (int64_t n = 0; n < N; ++n) {
-        const T* p = x + (n * C + c) * HW;
-        int64_t i = 0;
-        DVec w[kWide<T>];
-        for (; i + VS <= HW; i += VS) {
-          widen(Vec::loadu(p + i), w);
-          for (int k = 0; k < kWide<T>; ++k) {
-            const DVec d = w[k] - Kd;
-            s1[k] = s1[k] + d;
-            s2[k] = at::vec::fmadd(d, d, s2[k]);
-          }
-        }
-        if (i < HW) {
-          const int64_t r = HW - i;
-          // unused lanes hold K, i.e. contribute 0
-          widen(Vec::set(Kv, Vec::loadu(p + i, r), r), w);
-          for (int k = 0; k < kWide<T>; ++k) {
-            const DVec d = w[k] - Kd;
-            s1[k] = s1[k] + d;
-            s2[k] = at::vec::fmadd(d, d, s2[k]);
-          }
-        }
-      }
-      for (int k = 1; k < kWide<T>; ++k) {
-        s1[0] = s1[0] + s1[k];
-        s2[0] = s2[0] + s2[k];
-      }
-      finish_stats(static_cast<double>(K), hsum(s1[0]), hsum(s2[0]), M, mean + c, var + c);
-    }
-  });
-}
-
-template <typename T>
-void stats_nhwc(const Geometry& g, const T* x, T* mean, T* var) {
-  using Vec = Vectorized<T>;
-  constexpr int64_t VS = Vec::size();
-  const int64_t C = g.C, rows = g.N * g.HW;
-  const int64_t R = tile_rows(C), L = R * C;
-  // Shift: the first row, tiled R times.
-  std::vector<double> Kdt(static_cast<size_t>(L));
-  for (int64_t j = 0; j < L; ++j) Kdt[j] = static_cast<double>(x[j % C]);
-  const int64_t max_chunks = std::max<int64_t>(1, at::get_num_threads());
-  std::vector<double> buf(static_cast<size_t>(max_chunks * 2 * L), 0.0);
-  const int64_t nchunks = for_row_chunks(rows, C, [&](int64_t ch, int64_t r0, int64_t r1) {
-    double* s1 = buf.data() + ch * 2 * L;
-    double* s2 = s1 + L;
-    const double* Kd = Kdt.data();
-    for (int64_t r = r0; r < r1; r += R) {
-      const int64_t len = std::min(R, r1 - r) * C;
-      const T* p = x + r * C;
-      int64_t j = 0;
-      DVec w[kWide<T>];
-      for (; j + VS <= len; j += VS) {
-        widen(Vec::loadu(p + j), w);
-        for (int k = 0; k < kWide<T>; ++k) {
-          const int64_t o = j + k * DVec::size();
-          const DVec d = w[k] - DVec::loadu(Kd + o);
-          (DVec::loadu(s1 + o) + d).store(s1 + o);
-          at::vec::fmadd(d, d, DVec::loadu(s2 + o)).store(s2 + o);
-        }
-      }
-      for (; j < len; ++j) {
-        const double d = static_cast<double>(p[j]) - Kd[j];
-        s1[j] += d;
-        s2[j] += d * d;
-      }
-    }
-  });
-  TORCH_INTERNAL_ASSERT(nchunks <= max_chunks);
-  for (int64_t c = 0; c < C; ++c) {
-    double s1 = 0, s2 = 0;
-    for (int64_t ch = 0; ch < nchunks; ++ch) {
-      const double* b = buf.data() + ch * 2 * L;
-      for (int64_t r = 0; r < R; ++r) {
-        s1 += b[r * C + c];
-        s2 += b[L + r * C + c];
-      }
-    }
-    finish_stats(Kdt[c], s1, s2, rows, mean + c, var + c);
-  }
-}
-
-template <typename T>
-void stats_kernel(const Geometry& g, const T* x, T* mean, T* var) {
-  if (g.nhwc) {
-    stats_nhwc(g, x, mean, var);
-  } else {
-    stats_nchw(g, x, mean, var);
-  }
-}
-
-// ----------------------------------------------------------------------------
 // bn_act forward
 
 template <Act A, typename T>
@@ -320,24 +229,23 @@ void forward_impl(const Geometry& g, const T* x, const Coeffs<T>& cf, T param, T
     at::parallel_for(0, g.N * C, std::max<int64_t>(1, kGrain / HW), [&](int64_t b, int64_t e) {
       for (int64_t pl = b; pl < e; ++pl) {
         const int64_t c = pl % C;
-        const Vec mu(cf.mean[c]), sc(cf.scale[c]), bi(cf.bias[c]);
+        const Vec al(cf.alpha[c]), be(cf.beta[c]);
         const T* p = x + pl * HW;
         T* o = out + pl * HW;
         int64_t i = 0;
         for (; i + VS <= HW; i += VS) {
-          Op::fwd(mul_rounded(Vec::loadu(p + i) - mu, sc) + bi, param).store(o + i);
+          Op::fwd(bn_z(Vec::loadu(p + i), al, be), param).store(o + i);
         }
         if (i < HW) {
           const int64_t r = HW - i;
-          Op::fwd(mul_rounded(Vec::loadu(p + i, r) - mu, sc) + bi, param).store(o + i, r);
+          Op::fwd(bn_z(Vec::loadu(p + i, r), al, be), param).store(o + i, r);
         }
       }
     });
   } else {
     const int64_t C = g.C, rows = g.N * g.HW;
     const int64_t R = tile_rows(C);
-    const std::vector<T> mut = tiled(cf.mean, C, R), sct = tiled(cf.scale, C, R),
-                         bit = tiled(cf.bias, C, R);
+    const std::vector<T> alt = tiled(cf.alpha, C, R), bet = tiled(cf.beta, C, R);
     const int64_t nseg = divup(rows, R);
     at::parallel_for(0, nseg, std::max<int64_t>(1, kGrain / (R * C)), [&](int64_t b, int64_t e) {
       for (int64_t s = b; s < e; ++s) {
@@ -347,17 +255,12 @@ void forward_impl(const Geometry& g, const T* x, const Coeffs<T>& cf, T param, T
         T* o = out + r * C;
         int64_t j = 0;
         for (; j + VS <= len; j += VS) {
-          const Vec z =
-              mul_rounded(Vec::loadu(p + j) - Vec::loadu(mut.data() + j), Vec::loadu(sct.data() + j)) +
-              Vec::loadu(bit.data() + j);
-          Op::fwd(z, param).store(o + j);
+          Op::fwd(bn_z(Vec::loadu(p + j), Vec::loadu(alt.data() + j), Vec::loadu(bet.data() + j)), param)
+              .store(o + j);
         }
         if (j < len) {
           const int64_t n = len - j;
-          const Vec z = mul_rounded(
-                            Vec::loadu(p + j, n) - Vec::loadu(mut.data() + j, n),
-                            Vec::loadu(sct.data() + j, n)) +
-              Vec::loadu(bit.data() + j, n);
+          const Vec z = bn_z(Vec::loadu(p + j, n), Vec::loadu(alt.data() + j, n), Vec::loadu(bet.data() + j, n));
           Op::fwd(z, param).store(o + j, n);
         }
       }
@@ -380,22 +283,24 @@ void backward_reduce_impl(
     const int64_t N = g.N, C = g.C, HW = g.HW;
     at::parallel_for(0, C, std::max<int64_t>(1, kGrain / (N * HW)), [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
-        const Vec mu(cf.mean[c]), sc(cf.scale[c]), bi(cf.bias[c]);
+        const Vec mu(cf.mean[c]), al(cf.alpha[c]), be(cf.beta[c]);
         DAcc<T> ag, agx;
         for (int64_t n = 0; n < N; ++n) {
           const T* p = x + (n * C + c) * HW;
           const T* q = dy + (n * C + c) * HW;
           int64_t i = 0;
           for (; i + VS <= HW; i += VS) {
-            const Vec xm = Vec::loadu(p + i) - mu;
-            const Vec gv = rounded(Op::bwd(Vec::loadu(q + i), mul_rounded(xm, sc) + bi, param));
+            const Vec xv = Vec::loadu(p + i);
+            const Vec xm = xv - mu;
+            const Vec gv = rounded(Op::bwd(Vec::loadu(q + i), bn_z(xv, al, be), param));
             ag.add(gv);
             agx.add(gv * xm);
           }
           if (i < HW) {
             const int64_t r = HW - i;
-            const Vec xm = Vec::loadu(p + i, r) - mu;
-            const Vec gv = rounded(Op::bwd(Vec::loadu(q + i, r), mul_rounded(xm, sc) + bi, param));
+            const Vec xv = Vec::loadu(p + i, r);
+            const Vec xm = xv - mu;
+            const Vec gv = rounded(Op::bwd(Vec::loadu(q + i, r), bn_z(xv, al, be), param));
             // lanes past the end must not reach the sums
             ag.add(Vec::set(zero, gv, r));
             agx.add(Vec::set(zero, gv * xm, r));
@@ -408,8 +313,8 @@ void backward_reduce_impl(
   } else {
     const int64_t C = g.C, rows = g.N * g.HW;
     const int64_t R = tile_rows(C), L = R * C;
-    const std::vector<T> mut = tiled(cf.mean, C, R), sct = tiled(cf.scale, C, R),
-                         bit = tiled(cf.bias, C, R);
+    const std::vector<T> mut = tiled(cf.mean, C, R), alt = tiled(cf.alpha, C, R),
+                         bet = tiled(cf.beta, C, R);
     const int64_t max_chunks = std::max<int64_t>(1, at::get_num_threads());
     std::vector<double> buf(static_cast<size_t>(max_chunks * 2 * L), 0.0);
     const int64_t nchunks = for_row_chunks(rows, C, [&](int64_t ch, int64_t r0, int64_t r1) {
@@ -434,8 +339,9 @@ void backward_reduce_impl(
         const T* q = dy + r * C;
         int64_t j = 0;
         for (; j + VS <= len; j += VS) {
-          const Vec xm = Vec::loadu(p + j) - Vec::loadu(mut.data() + j);
-          const Vec z = mul_rounded(xm, Vec::loadu(sct.data() + j)) + Vec::loadu(bit.data() + j);
+          const Vec xv = Vec::loadu(p + j);
+          const Vec xm = xv - Vec::loadu(mut.data() + j);
+          const Vec z = bn_z(xv, Vec::loadu(alt.data() + j), Vec::loadu(bet.data() + j));
           const Vec gv = rounded(Op::bwd(Vec::loadu(q + j), z, param));
           (Vec::loadu(ag + j) + gv).store(ag + j);
           (Vec::loadu(agx + j) + gv * xm).store(agx + j);
@@ -443,8 +349,9 @@ void backward_reduce_impl(
         if (j < len) {
           // The last vector may reach past the L accumulator slots: add lane by lane.
           const int64_t n = len - j;
-          const Vec xm = Vec::loadu(p + j, n) - Vec::loadu(mut.data() + j, n);
-          const Vec z = mul_rounded(xm, Vec::loadu(sct.data() + j, n)) + Vec::loadu(bit.data() + j, n);
+          const Vec xv = Vec::loadu(p + j, n);
+          const Vec xm = xv - Vec::loadu(mut.data() + j, n);
+          const Vec z = bn_z(xv, Vec::loadu(alt.data() + j, n), Vec::loadu(bet.data() + j, n));
           const Vec gv = rounded(Op::bwd(Vec::loadu(q + j, n), z, param));
           __at_align__ T gb[VS], gxb[VS];
           gv.store(gb);
@@ -479,18 +386,17 @@ void backward_reduce_impl(
 
 template <typename T>
 struct ChannelVecs {
-  Vectorized<T> mu, sc, bi, is, k1, k2;
+  Vectorized<T> mu, al, be, is, k1, k2;
 };
 
 template <Act A, bool kBatchStats, typename T>
 inline Vectorized<T> grad_input_vec(
     const Vectorized<T>& dyv, const Vectorized<T>& xv, const ChannelVecs<T>& v, T param) {
-  const Vectorized<T> xm = xv - v.mu;
-  const Vectorized<T> gv = rounded(ActOp<A, T>::bwd(dyv, mul_rounded(xm, v.sc) + v.bi, param));
+  const Vectorized<T> gv = rounded(ActOp<A, T>::bwd(dyv, bn_z(xv, v.al, v.be), param));
   if constexpr (kBatchStats) {
-    return ((gv - v.k1) - (xm * v.is) * v.k2) * v.sc;
+    return ((gv - v.k1) - ((xv - v.mu) * v.is) * v.k2) * v.al;
   } else {
-    return gv * v.sc;
+    return gv * v.al;
   }
 }
 
@@ -504,7 +410,7 @@ void backward_input_impl(
     at::parallel_for(0, g.N * C, std::max<int64_t>(1, kGrain / HW), [&](int64_t b, int64_t e) {
       for (int64_t pl = b; pl < e; ++pl) {
         const int64_t c = pl % C;
-        ChannelVecs<T> v{Vec(cf.mean[c]), Vec(cf.scale[c]), Vec(cf.bias[c]), Vec(T(0)), Vec(T(0)), Vec(T(0))};
+        ChannelVecs<T> v{Vec(cf.mean[c]), Vec(cf.alpha[c]), Vec(cf.beta[c]), Vec(T(0)), Vec(T(0)), Vec(T(0))};
         if (kBatchStats) {
           v.is = Vec(cf.invstd[c]);
           v.k1 = Vec(cf.k1[c]);
@@ -527,8 +433,8 @@ void backward_input_impl(
   } else {
     const int64_t C = g.C, rows = g.N * g.HW;
     const int64_t R = tile_rows(C);
-    const std::vector<T> mut = tiled(cf.mean, C, R), sct = tiled(cf.scale, C, R),
-                         bit = tiled(cf.bias, C, R);
+    const std::vector<T> mut = tiled(cf.mean, C, R), alt = tiled(cf.alpha, C, R),
+                         bet = tiled(cf.beta, C, R);
     std::vector<T> ist, k1t, k2t;
     if (kBatchStats) {
       ist = tiled(cf.invstd, C, R);
@@ -546,8 +452,8 @@ void backward_input_impl(
         for (int64_t j = 0; j < len; j += VS) {
           const int64_t n = std::min<int64_t>(VS, len - j);
           ChannelVecs<T> v{
-              Vec::loadu(mut.data() + j, n), Vec::loadu(sct.data() + j, n),
-              Vec::loadu(bit.data() + j, n), Vec(T(0)), Vec(T(0)), Vec(T(0))};
+              Vec::loadu(mut.data() + j, n), Vec::loadu(alt.data() + j, n),
+              Vec::loadu(bet.data() + j, n), Vec(T(0)), Vec(T(0)), Vec(T(0))};
           if (kBatchStats) {
             v.is = Vec::loadu(ist.data() + j, n);
             v.k1 = Vec::loadu(k1t.data() + j, n);
@@ -611,8 +517,7 @@ void backward_input_kernel(
 template <typename T>
 const KernelTable<T>& kernels() {
   static const KernelTable<T> table{
-      &stats_kernel<T>, &forward_kernel<T>, &backward_reduce_kernel<T>,
-      &backward_input_kernel<T>};
+      &shift_kernel<T>, &forward_kernel<T>, &backward_reduce_kernel<T>, &backward_input_kernel<T>};
   return table;
 }
 

@@ -53,11 +53,12 @@ at::Tensor match_layout(const at::Tensor& result, const at::Tensor& like, at::Sc
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> bn_stats_generic(const at::Tensor& input) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats_generic(const at::Tensor& input) {
   checks::bn_input(input, "bn_stats");
   auto sd = stats_dtype(input.scalar_type());
   auto [var, mean] = at::var_mean(input.to(sd), {0, 2, 3}, /*correction=*/0, /*keepdim=*/false);
-  return {mean, var};
+  const double m = input.size(1) ? static_cast<double>(input.numel() / input.size(1)) : 0.0;
+  return {mean, var, var * (m / (m - 1))};
 }
 
 at::Tensor bn_act_generic(
@@ -142,30 +143,32 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_generic_(
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act(
     const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool batch_stats, double eps,
     c10::string_view act, double act_param) {
   checks::bn_input(input, "batch_norm_act");
-  at::Tensor mean, var;
-  if (batch_stats) {
-    std::tie(mean, var) = dispatch::bn_stats(input);
-  } else {
-    TORCH_CHECK(
-        running_mean.has_value() && running_mean->defined() && running_var.has_value() &&
-            running_var->defined(),
-        "fxfuse::batch_norm_act: running_mean and running_var must be defined when "
-        "batch_stats is false");
-    auto sd = stats_dtype(input.scalar_type());
-    mean = running_mean->to(sd, /*non_blocking=*/false, /*copy=*/true);
-    var = running_var->to(sd, /*non_blocking=*/false, /*copy=*/true);
-  }
+  auto [mean, var, unbiased_var] =
+      normalization_stats(input, running_mean, running_var, batch_stats, "batch_norm_act");
   at::Tensor out = dispatch::bn_act(input, mean, var, weight, bias, eps, act, act_param);
-  return {out, mean, var};
+  return {out, mean, var, unbiased_var};
 }
 
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> normalization_stats(
+    const at::Tensor& input, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool batch_stats, const char* op) {
+  if (batch_stats) return dispatch::bn_stats(input);
+  TORCH_CHECK(
+      running_mean.has_value() && running_mean->defined() && running_var.has_value() &&
+          running_var->defined(),
+      "fxfuse::", op, ": running_mean and running_var must be defined when batch_stats is false");
+  auto sd = stats_dtype(input.scalar_type());
+  at::Tensor var = running_var->to(sd, /*non_blocking=*/false, /*copy=*/true);
+  return {running_mean->to(sd, /*non_blocking=*/false, /*copy=*/true), var, var.clone()};
+}
 
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("bn_stats", &bn_stats_generic);

@@ -24,7 +24,7 @@ at::Tensor conv(
       /*output_padding=*/{0, 0}, groups);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
     const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
@@ -32,21 +32,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
     bool batch_stats, double eps, c10::string_view act, double act_param) {
   at::Tensor y = conv(input, weight, bias, stride, padding, dilation, groups);
   TORCH_CHECK(y.dim() == 4, "fxfuse::conv_bn_act: expected a 4-D (N, C, H, W) input");
-  at::Tensor mean, var;
-  if (batch_stats) {
-    std::tie(mean, var) = dispatch::bn_stats(y);
-  } else {
-    TORCH_CHECK(
-        running_mean.has_value() && running_mean->defined() && running_var.has_value() &&
-            running_var->defined(),
-        "fxfuse::conv_bn_act: running_mean and running_var must be defined when batch_stats "
-        "is false");
-    auto sd = stats_dtype(y.scalar_type());
-    mean = running_mean->to(sd, /*non_blocking=*/false, /*copy=*/true);
-    var = running_var->to(sd, /*non_blocking=*/false, /*copy=*/true);
-  }
+  auto [mean, var, unbiased_var] =
+      normalization_stats(y, running_mean, running_var, batch_stats, "conv_bn_act");
   dispatch::bn_act_(y, mean, var, bn_weight, bn_bias, eps, act, act_param);
-  return {y, mean, var};
+  return {y, mean, var, unbiased_var};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act_backward(
