@@ -31,10 +31,11 @@ build: $(BUILT)
 test: $(BUILT) cuda-check lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The whole model zoo (tests/timm_zoo.py, tests/dense_zoo.py): `make test` runs only its
+# The whole model zoo (tests/timm_zoo.py, tests/dense_zoo.py) and every accuracy draw
+# (tests/test_accuracy.py): `make test` runs only their
 # representative part; -m "" lifts the default `-m 'not zoo'` from pyproject's addopts.
 zoo: $(BUILT)
-	$(PY) -m pytest -q -m "" tests/test_timm_zoo.py tests/test_torchvision_dense.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "" tests/test_timm_zoo.py tests/test_torchvision_dense.py tests/test_accuracy.py $(PYTEST_ARGS)
 
 # The README's timm zoo coverage table.
 zoo-coverage: $(BUILT)

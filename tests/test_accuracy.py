@@ -6,17 +6,20 @@ Error of a tensor t: max|t - t64| / max|t64|, where t64 is the same eager model 
 float64 on the same input and output gradient.
 
 ReLU and the kinks. A ReLU's gradient jumps at 0: a pre-activation that is 5e-6 in
-float64 and whose float32 value, in either implementation, lands on the other side of 0
-moves that element's whole gradient. In deep, low-resolution layers, where a BN channel
-sees 8 values, that one element is 10% of a bias gradient. That is what the reported
-170-4000x on timm dla34 (level 4-5, 2x2 spatial) was: at level5.tree2.bn1, channel 501
-had z = 5.3e-6 in float64, 3.3e-6 in eager float32 and -7.9e-7 in fxfuse float32, whose
-inputs differ from eager's by rounding only (1.6e-5 against 1.5e-5 relative error).
-Eager's ATen batch_norm applied to fxfuse's own conv output and output gradient gives the
-same 9e-2 error. Which implementation's rounding crosses a kink is chance, so the checks
-below compare implementations where that cannot happen: ReLU models whose float64
-pre-activations all stay clear of 0 (asserted), and timm dla34 with its ReLUs made SiLU
-(the same fused kernels, BN statistics and reductions, no kink).
+float64 and whose float32 value lands on the other side of 0 moves that element's whole
+gradient. In deep, low-resolution layers, where a BN channel sees 8 values, that one
+element is 10% of a bias gradient. Eager float32 crosses some kinks itself; what matters
+is that fxfuse crosses the same ones. When fxfuse's BN forward rounded differently from
+ATen's (its statistics summed in double with a per-channel shift: more accurate, other
+bits), which implementation crossed a kink was chance: timm dla34 at batch 2, 64x64 showed
+fxfuse 170-6600x eager's error on some parameter gradients (level5.tree2.bn1, channel 501:
+z = 5.3e-6 in float64, 3.3e-6 in eager float32, -7.9e-7 in fxfuse), resnet50 at batch 4
+up to 25000x (layer4 BN bias gradients). Now fxfuse's CPU training forward is eager's bit
+for bit (tests/test_bn_bitwise.py: same statistics, invstd and z = x * alpha + beta
+rounding under each CPU capability), so whole-model forwards equal eager's exactly, every
+ReLU mask is eager's, and the backward's rounding differences are smooth: dla34 and
+resnet50 come out within 1.05x of eager's error on every tensor (benchmarks/accuracy_matrix.py).
+The ReLU models below are checked as they are, kinks included.
 """
 
 from __future__ import annotations
@@ -92,22 +95,6 @@ def assert_model_as_accurate(errs):
     assert ratios.log().mean().exp() <= 1.25
 
 
-def clear_of_relu_kinks(model, x, margin=1e-3):
-    """Asserts that every float64 ReLU input of `model` is at least `margin` (relative to
-    its tensor's largest value) away from 0, far beyond float32 forward error (~1e-6)."""
-    closest = []
-    hooks = [
-        m.register_forward_pre_hook(lambda m, i: closest.append((i[0].abs().min() / i[0].abs().max()).item()))
-        for m in model.modules()
-        if isinstance(m, nn.ReLU)
-    ]
-    with torch.no_grad():
-        copy.deepcopy(model).double().train()(x.double())
-    for h in hooks:
-        h.remove()
-    assert closest and min(closest) > margin, min(closest)
-
-
 class Stack(nn.Module):
     """Conv->BN->act blocks at 2x2 spatial, batch 2: each BN sees 8 values per channel,
     on top of an input with a large mean (|mean| >> std), where a one-pass variance or a
@@ -136,8 +123,6 @@ def _large_mean_input(seed=0):
 def test_tiny_bn_large_mean(act, mode, channels_last):
     torch.manual_seed(0)
     model, x = Stack(act), _large_mean_input()
-    if act is nn.ReLU:
-        clear_of_relu_kinks(model, x)
     assert_as_accurate(errors(model, x, mode=mode, channels_last=channels_last))
 
 
@@ -161,36 +146,67 @@ def test_bfloat16_autocast():
     assert_as_accurate(errors(model, x, autocast=True))
 
 
-timm = pytest.importorskip("timm")
+def _model(name, seed):
+    """ReLU models at 64x64 (the issue's draws): timm dla34 at batch 2 (levels 4 and 5 run
+    at 4x4 and 2x2, 8 values per BN channel), torchvision resnet50 at batch 4 and
+    efficientnet_b0 (SiLU; timm's has BatchNormAct2d, which nothing fuses) at batch 4."""
+    torch.manual_seed(seed)
+    if name == "dla34":
+        model, batch = pytest.importorskip("timm").create_model("dla34", pretrained=False), 2
+    else:
+        model, batch = getattr(pytest.importorskip("torchvision").models, name)(num_classes=10), 4
+    for m in model.modules():  # each run would draw its own dropout masks
+        if isinstance(m, nn.Dropout) or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
+    return model, torch.randn(batch, 3, 64, 64)
 
 
-def _relu_to_silu(model):
-    for name, child in model.named_children():
-        if isinstance(child, nn.ReLU):
-            setattr(model, name, nn.SiLU())
-        else:
-            _relu_to_silu(child)
-    return model
+def _forward_is_eager(model, x, channels_last):
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model, x = model.to(memory_format=fmt), x.contiguous(memory_format=fmt)
+    eager, fused = copy.deepcopy(model).train(), fxfuse.optimize(copy.deepcopy(model)).train()
+    with torch.no_grad():
+        assert torch.equal(fused(x), eager(x)), "the fused training forward is not eager's bit for bit"
 
 
-@pytest.mark.parametrize("mode,channels_last", [("memory", False), ("fast", False), ("memory", True)])
-def test_dla34(mode, channels_last):
-    """timm dla34 at batch 2, 64x64: levels 4 and 5 run at 4x4 and 2x2."""
-    torch.manual_seed(0)
-    model = _relu_to_silu(timm.create_model("dla34", pretrained=False))
-    x = torch.randn(2, 3, 64, 64)
-    assert_model_as_accurate(errors(model, x, mode=mode, channels_last=channels_last))
+@pytest.mark.parametrize(
+    "seed,mode,channels_last",
+    [(2, "memory", False), (0, "memory", False), (2, "fast", False), (2, "memory", True)],
+    ids=["seed2-memory-nchw", "seed0-memory-nchw", "seed2-fast-nchw", "seed2-memory-nhwc"],
+)
+def test_dla34(seed, mode, channels_last):
+    """Seed 2 was 6600x eager's error on level5 BN gradients before the forward was eager's."""
+    model, x = _model("dla34", seed)
+    _forward_is_eager(model, x, channels_last)
+    assert_as_accurate(errors(model, x, mode=mode, channels_last=channels_last, seed=seed))
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_resnet50(seed):
+    """Seed 1 was 25000x eager's error on layer4.2.bn3.bias's gradient."""
+    model, x = _model("resnet50", seed)
+    _forward_is_eager(model, x, channels_last=False)
+    assert_as_accurate(errors(model, x, seed=seed))
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("mode", ["memory", "fast"])
+@pytest.mark.parametrize("name,seed", [("dla34", s) for s in range(5)] + [("resnet50", s) for s in range(4)])
+def test_relu_models_all_draws(name, seed, mode, channels_last):
+    model, x = _model(name, seed)
+    assert_as_accurate(errors(model, x, mode=mode, channels_last=channels_last, seed=seed))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet50", "efficientnet_b0"])
-def test_torchvision_models(name, seed=1):
-    """Batch 4, 64x64 (timm's efficientnet_b0 has BatchNormAct2d, which nothing fuses)."""
-    torchvision = pytest.importorskip("torchvision")
-    torch.manual_seed(seed)
-    model = _relu_to_silu(getattr(torchvision.models, name)(num_classes=10))
-    for m in model.modules():  # each run would draw its own masks
-        if isinstance(m, (nn.Dropout, torchvision.ops.StochasticDepth)):
-            m.p = 0.0
-    x = torch.randn(4, 3, 64, 64)
+def test_efficientnet_b0(seed=1):
+    model, x = _model("efficientnet_b0", seed)
     assert_model_as_accurate(errors(model, x, seed=seed))
+
+
+@pytest.mark.parametrize("name", ["dla34", "resnet50"])
+def test_relu_models_bfloat16_autocast(name):
+    """Eager bfloat16 itself is 40-130% off float64 on these gradients; fxfuse stays within
+    2x of that (1.3-1.7x over three draws each)."""
+    model, x = _model(name, 2)
+    assert_as_accurate(errors(model, x, autocast=True, seed=2))
