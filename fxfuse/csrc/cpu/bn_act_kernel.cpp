@@ -122,7 +122,7 @@ ChannelParams<T> channel_params(
 
 // Float32, contiguous NCHW with H*W > 1: ATen's own reduction for that case
 // (batch_norm_cpu_collect_stats_contiguous_impl), so that the statistics are eager's bit
-// for bit, but several times faster. Per channel: a sequential sum in double of x,
+// for bit, at about half its time. Per channel: a sequential sum in double of x,
 // mean = (float)(sum / M), then a sequential sum in double of the float squares
 // (x - mean)^2. Each sum is one chain of dependent adds, which ATen runs one channel at a
 // time; here kLanes channels run side by side to hide the adds' latency, each still summed
