@@ -193,6 +193,11 @@ def test_bn_act_backward_vs_generic(shape, lay, dtype, act, p):
     # every output_mask with weight and bias; every weight/bias presence with all outputs
     combos = [(bs, (True, True), m) for bs in (True, False) for m in MASKS]
     combos += [(bs, aff, [True] * 3) for bs in (True, False) for aff in AFFINE[1:]]
+    # One value per channel with batch statistics: x - mean is exactly 0, so the generic
+    # path's z is exactly the bias, while the kernels' z = x * alpha + beta (eager's) keeps
+    # the rounding of x * alpha, alpha ~ weight / sqrt(eps): a few ulps of ~300 |x|, which
+    # the activation's derivative passes on.
+    z_rounding = float(x.abs().max() * w.abs().max()) / EPS**0.5 * torch.finfo(dtype).eps * 8 / t
     for bs, (has_w, has_b), mask in combos:
         mean, var = (bmean, bvar) if bs else (rmean, rvar)
         ww, bb = (w if has_w else None), (b if has_b else None)
@@ -201,9 +206,10 @@ def test_bn_act_backward_vs_generic(shape, lay, dtype, act, p):
         assert (got[0] is not None) == mask[0]
         assert (got[1] is not None) == (mask[1] and has_w)
         assert (got[2] is not None) == (mask[2] and has_b)
-        close(got[0], ref[0], t, scale)
-        close(got[1], ref[1], t, scale)
-        close(got[2], ref[2], t, scale)
+        s = scale * (1 + z_rounding) if bs and x.numel() == shape[1] else scale
+        close(got[0], ref[0], t, s)
+        close(got[1], ref[1], t, s)
+        close(got[2], ref[2], t, s)
         if got[0] is not None:
             same_layout(got[0], x)
 
