@@ -21,8 +21,11 @@ _APPROXIMATE = ("none", "tanh")
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
-    """`F.gelu(input, approximate=approximate)`."""
-    if approximate in _APPROXIMATE and plain(input) and fusable(input):
+    """`F.gelu(input, approximate=approximate)`.
+
+    Under torch.compile it is F.gelu itself, which inductor fuses with its neighbours
+    (both keep only the input for backward)."""
+    if approximate in _APPROXIMATE and plain(input) and fusable(input) and not torch.compiler.is_compiling():
         return torch.ops.fxfuse.gelu(input, approximate=approximate)
     return F.gelu(input, approximate=approximate)
 
