@@ -192,9 +192,9 @@ def gelu_where_faster(input: Tensor, approximate: str = "none") -> Tensor:
     """`F.gelu(input, approximate=approximate)`, through fxfuse::gelu where that is faster.
 
     Both compute the same values and gradients, so choosing per call is exact either way.
-    Under torch.compile it is F.gelu, which inductor fuses.
+    Under torch.compile with fxfuse.ops.compiled.enabled it is F.gelu, which inductor fuses.
     """
-    if not torch.compiler.is_compiling() and gelu_is_faster(input, approximate):
+    if not ops.compiled.composing() and gelu_is_faster(input, approximate):
         return ops.gelu(input, approximate)
     return F.gelu(input, approximate=approximate)
 
