@@ -8,7 +8,7 @@ BUILT  := $(VENV)/.fxfuse-built
 CSRC   := $(shell find fxfuse/csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu')
 PYTEST_ARGS ?=
 
-.PHONY: all setup build test zoo zoo-coverage lint demo bench install-check cuda-check cuda-build clean
+.PHONY: all setup build test zoo zoo-coverage lint demo bench bench-compile install-check cuda-check cuda-build clean
 
 all: test
 
@@ -51,6 +51,11 @@ demo: $(BUILT)
 
 bench: $(BUILT)
 	$(PY) benchmarks/bench_resnet50.py
+
+# torch.compile vs torch.compile(fxfuse.optimize(model)), ResNet-50 batch 8, channels_last (README "torch.compile").
+bench-compile: $(BUILT)
+	$(PY) -m fxfuse bench torchvision:resnet50 --input-shape 8,3,224,224 --modes memory \
+		--with compile,compile-fxfuse,compile-fxfuse-composed
 
 # A user's install: fresh venv, torch first, `pip wheel --no-build-isolation .`, the wheel's
 # fxfuse/_C*.so imported and the demo run outside the checkout (slow: one more C++ build).

@@ -53,6 +53,18 @@ def test_variant_names_and_errors():
     ]
     with pytest.raises(ConfigurationError, match="give --budget too"):
         bench.parse_variants(["memory"], [], ["compile-budget"])
+    assert bench.parse_variants(["memory", "auto"], [], ["compile", "compile-fxfuse", "compile-fxfuse-composed"]) == [
+        "eager",
+        "memory",
+        "auto",
+        "compile",
+        "compile(memory)",
+        "compile(auto)",
+        "compile(memory,composed)",
+        "compile(auto,composed)",
+    ]
+    with pytest.raises(ConfigurationError, match="give --modes memory"):
+        bench.parse_variants(["eager"], [], ["compile-fxfuse"])
     with pytest.raises(ConfigurationError, match="unknown mode"):
         bench.parse_variants(["turbo"])
     with pytest.raises(ConfigurationError, match="unknown peer"):
@@ -225,3 +237,29 @@ def test_cli_optimize_with_budget(capsys):
     assert main(["optimize", "tests.test_bench:small_net", "--input-shape", "2,3,16,16", "--budget", "0.8"]) == 0
     out = capsys.readouterr().out
     assert "memory budget 0.80× met" in out
+
+
+def test_compile_comparison_lines():
+    rows = [
+        bench.Row("compile", 400, 0, 2.0, peak_bytes=500),
+        bench.Row("memory", 200, 0, 3.0, peak_bytes=300),
+        bench.Row("compile(memory)", 180, 0, 2.1, peak_bytes=270),
+    ]
+    assert bench.compile_comparison(rows) == [
+        "compile(memory): vs compile: time 1.050, saved 0.450, peak 0.540; "
+        "vs fxfuse memory eager: time 0.700, saved 0.900, peak 0.900"
+    ]
+
+
+def test_compiled_fxfuse_variants_run_and_keep_their_flag():
+    from fxfuse.ops import compiled
+
+    torch._dynamo.reset()
+    model, x = small_net(), torch.randn(2, 3, 8, 8)
+    opaque = bench.make_variant("compile(memory)", model, (x,))
+    composed = bench.make_variant("compile(memory,composed)", model, (x,))
+    assert isinstance(composed, bench.ComposedCompiled) and not compiled.enabled
+    for variant in (opaque, composed):
+        torch.testing.assert_close(variant(x), model(x))
+    assert not compiled.enabled
+    torch._dynamo.reset()

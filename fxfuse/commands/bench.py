@@ -60,7 +60,9 @@ def register(subparsers) -> None:
         metavar="PEER[,PEER...]",
         help=f"peers to compare against: {', '.join(bench.PEERS)} "
         "(checkpoint: torch.utils.checkpoint on each top-level block; compile-budget: "
-        "torch.compile with activation_memory_budget at each --budget)",
+        "torch.compile with activation_memory_budget at each --budget; compile-fxfuse: "
+        "torch.compile(fxfuse.optimize(model, mode=M)) for each --modes M; compile-fxfuse-composed: the same "
+        "with fxfuse.ops.compiled.enabled, the fused ops as ATen compositions inductor fuses)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed train steps per variant (default: 5)")
     parser.add_argument("--dtype", type=parse_dtype, default=torch.float32, help="float32 (default) or float64")
@@ -140,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.device}{layout}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )
     print(bench.render(rows))
+    for line in bench.compile_comparison(rows):
+        print(line)
     for name, report in reports.items():
         fused = len(report.fused)
         recomputed = sum(

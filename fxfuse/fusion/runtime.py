@@ -209,8 +209,9 @@ def gelu_where_faster(input: Tensor, approximate: str = "none") -> Tensor:
     """`F.gelu(input, approximate=approximate)`, through fxfuse::gelu where that is faster.
 
     Both compute the same values and gradients, so choosing per call is exact either way.
+    Under torch.compile with fxfuse.ops.compiled.enabled it is F.gelu, which inductor fuses.
     """
-    if gelu_is_faster(input, approximate):
+    if not ops.compiled.composing() and gelu_is_faster(input, approximate):
         return ops.gelu(input, approximate)
     return F.gelu(input, approximate=approximate)
 
@@ -222,7 +223,12 @@ def add_into(fresh: Tensor, other: Any) -> Tensor:
     (see passes/inplace_add.py). In place needs `other` to be a tensor of the same
     shape, strides, dtype and device (so the result's values and layout are the
     out-of-place add's), and `fresh` to be a tensor autograd lets us change.
+
+    Under torch.compile it is the out-of-place add: inductor reuses buffers itself, and
+    the checks above (`_is_view`, `is_inference`) would break dynamo's graph.
     """
+    if torch.compiler.is_compiling():
+        return fresh + other
     if isinstance(fresh, Tensor) and isinstance(other, Tensor) and _can_add_into(fresh, other):
         return fresh.add_(other)
     return fresh + other

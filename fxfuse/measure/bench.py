@@ -11,7 +11,11 @@ Variants: "eager" (NCHW) and "eager-channels_last"; fxfuse modes "fast", "memory
 "auto"; "budget=0.7" (fxfuse with memory_budget=0.7); peers "checkpoint"
 (torch.utils.checkpoint, non-reentrant, on each top-level child block), "compile"
 (torch.compile) and "compile-budget=0.7" (torch.compile with AOTAutograd's
-activation_memory_budget=0.7, its knapsack over which activations to recompute).
+activation_memory_budget=0.7, its knapsack over which activations to recompute); and
+fxfuse under torch.compile, for each fxfuse mode M run: "compile(M)"
+(`torch.compile(fxfuse.optimize(model, mode=M))`, the fused ops as opaque calls) and,
+with the peer "compile-fxfuse-composed", "compile(M,composed)" (the same with
+fxfuse.ops.compiled.enabled: ATen compositions under a selective-checkpoint policy).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from ..errors import ConfigurationError
 from ..fusion import MODES, optimize
 from . import memory
 
-PEERS = ("checkpoint", "compile", "compile-budget")
+PEERS = ("checkpoint", "compile", "compile-budget", "compile-fxfuse", "compile-fxfuse-composed")
 EAGER_CHANNELS_LAST = "eager-channels_last"
 
 
@@ -133,13 +137,42 @@ class BudgetCompiled(nn.Module):
             return self._entry(self.model, *args, **kwargs)
 
 
+class ComposedCompiled(nn.Module):
+    """`torch.compile(model)` traced and run with fxfuse.ops.compiled.enabled set (see ops/compiled.py).
+
+    The flag is read while dynamo traces and guarded on, so it is set around every call:
+    other compiled variants in the process keep their own setting.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.compiled = torch.compile(model)
+
+    def forward(self, *args, **kwargs):
+        from ..ops import compiled
+
+        enabled, compiled.enabled = compiled.enabled, True
+        try:
+            return self.compiled(*args, **kwargs)
+        finally:
+            compiled.enabled = enabled
+
+
+def _compiled_fxfuse_mode(name: str) -> tuple[str, bool]:
+    """("memory", composed) for the variant name "compile(memory)" / "compile(memory,composed)"."""
+    inner = name[len("compile(") : -1]
+    mode, _, composed = inner.partition(",")
+    return mode, composed == "composed"
+
+
 def parse_variants(
     modes: Sequence[str], budgets: Sequence[float] = (), peers: Sequence[str] = (), channels_last_baseline: bool = False
 ) -> list[str]:
     """Variant names in table order, eager first; bad names raise ConfigurationError.
 
     `channels_last_baseline` adds eager in channels_last beside eager NCHW (4-D inputs).
-    "compile-budget" runs at each of `budgets`, the budgets fxfuse runs at.
+    "compile-budget" runs at each of `budgets`, the budgets fxfuse runs at; "compile-fxfuse"
+    and "compile-fxfuse-composed" run torch.compile over each fxfuse mode of `modes`.
     """
     names = ["eager"] + ([EAGER_CHANNELS_LAST] if channels_last_baseline else [])
     for mode in modes:
@@ -155,6 +188,12 @@ def parse_variants(
             if not budgets:
                 raise ConfigurationError("compile-budget runs torch.compile at fxfuse's budgets: give --budget too")
             names += [f"compile-budget={b:g}" for b in budgets]
+        elif peer.startswith("compile-fxfuse"):
+            fxfuse_modes = [m for m in modes if m in MODES]
+            if not fxfuse_modes:
+                raise ConfigurationError(f"{peer} compiles fxfuse's modes: give --modes memory (or fast, auto) too")
+            suffix = ",composed" if peer == "compile-fxfuse-composed" else ""
+            names += [f"compile({m}{suffix})" for m in fxfuse_modes]
         else:
             names.append(peer)
     return names
@@ -202,6 +241,11 @@ def make_variant(
         return torch.compile(copied)
     if name.startswith("compile-budget="):
         return BudgetCompiled(copied, float(name.split("=", 1)[1]))
+    if name.startswith("compile(") and name.endswith(")"):
+        mode, composed = _compiled_fxfuse_mode(name)
+        if mode in MODES:
+            optimized = optimize(copied, tuple(example_inputs), mode=mode)
+            return ComposedCompiled(optimized) if composed else torch.compile(optimized)
     raise ConfigurationError(f"unknown variant {name!r}")
 
 
@@ -326,6 +370,34 @@ def render(rows: list[Row]) -> str:
             "ratio",
         ],
     )
+
+
+def compile_comparison(rows: list[Row]) -> list[str]:
+    """For each "compile(M...)" row: its step time, saved bytes and peak as ratios to plain
+    "compile"'s, and its peak and saved bytes as ratios to fxfuse eager's in mode M (when measured)."""
+    by_name = {r.variant: r for r in rows}
+    plain = by_name.get("compile")
+    lines = []
+    for r in rows:
+        if not (r.variant.startswith("compile(") and r.variant.endswith(")")):
+            continue
+        parts = []
+        if plain is not None:
+            peak = f"{r.peak_bytes / plain.peak_bytes:.3f}" if r.peak_bytes and plain.peak_bytes else "-"
+            parts.append(
+                f"vs compile: time {r.step_seconds / plain.step_seconds:.3f}, "
+                f"saved {r.saved_bytes / plain.saved_bytes:.3f}, peak {peak}"
+            )
+        eager = by_name.get(_compiled_fxfuse_mode(r.variant)[0])
+        if eager is not None:
+            peak = f"{r.peak_bytes / eager.peak_bytes:.3f}" if r.peak_bytes and eager.peak_bytes else "-"
+            parts.append(
+                f"vs fxfuse {eager.variant} eager: time {r.step_seconds / eager.step_seconds:.3f}, "
+                f"saved {r.saved_bytes / eager.saved_bytes:.3f}, peak {peak}"
+            )
+        if parts:
+            lines.append(f"{r.variant}: " + "; ".join(parts))
+    return lines
 
 
 def to_json(rows: list[Row]) -> list[dict]:

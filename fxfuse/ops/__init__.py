@@ -5,10 +5,11 @@ Each family module (`batch_norm`, `conv_batch_norm`, `layer_activation`,
 fake kernels and its autograd formulas; `checks` holds what they share. Importing
 this package loads fxfuse._C (which defines the schemas and the CPU and
 device-generic kernels) and then registers every family's fake kernels and autograd.
+`compiled` holds the opt-in ATen compositions the wrappers run under torch.compile.
 """
 
 from .. import _extension
-from . import batch_norm, conv_batch_norm, gelu_activation, layer_activation
+from . import batch_norm, compiled, conv_batch_norm, gelu_activation, layer_activation
 from .batch_norm import batch_norm_act
 from .checks import ACTIVATIONS
 from .conv_batch_norm import conv_bn_act
@@ -19,4 +20,4 @@ if _extension.loaded():
     for _family in (batch_norm, conv_batch_norm, gelu_activation, layer_activation):
         _family.register()
 
-__all__ = ["ACTIVATIONS", "batch_norm_act", "conv_act", "conv_bn_act", "gelu", "linear_act"]
+__all__ = ["ACTIVATIONS", "batch_norm_act", "compiled", "conv_act", "conv_bn_act", "gelu", "linear_act"]

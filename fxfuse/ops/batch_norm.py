@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import compiled
 from .checks import apply_activation, check_act, kernels_apply, stats_like
 
 __all__ = ["batch_norm_act", "update_running_stats"]
@@ -64,6 +65,10 @@ def batch_norm_act(
     ):
         out = F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
         return apply_activation(out, act, act_param)
+    if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
+        return compiled.compiled_batch_norm_act(
+            input, running_mean, running_var, weight, bias, training, momentum, eps, act, act_param
+        )
     out, mean, _, unbiased_var = torch.ops.fxfuse.batch_norm_act(
         input, weight, bias, running_mean, running_var, training, eps, act, float(act_param)
     )

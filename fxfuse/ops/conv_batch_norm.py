@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import compiled
 from .batch_norm import batch_ok, update_running_stats
 from .checks import (
     IntPair,
@@ -74,6 +75,11 @@ def conv_bn_act(
         y = F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
         return apply_activation(y, act, act_param)
     input, stride, padding, dilation, _ = geometry
+    if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
+        return compiled.compiled_conv_bn_act(
+            input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight, bn_bias,
+            training, momentum, eps, act, act_param,
+        )  # fmt: skip
     out, mean, _, unbiased_var = torch.ops.fxfuse.conv_bn_act(
         input,
         weight,

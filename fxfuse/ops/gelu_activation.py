@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import compiled
 from .checks import fusable, plain
 
 __all__ = ["gelu"]
@@ -21,8 +22,11 @@ _APPROXIMATE = ("none", "tanh")
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
-    """`F.gelu(input, approximate=approximate)`."""
-    if approximate in _APPROXIMATE and plain(input) and fusable(input):
+    """`F.gelu(input, approximate=approximate)`.
+
+    Under torch.compile with fxfuse.ops.compiled.enabled it is F.gelu itself, which
+    inductor fuses with its neighbours (both keep only the input for backward)."""
+    if approximate in _APPROXIMATE and plain(input) and fusable(input) and not compiled.composing():
         return torch.ops.fxfuse.gelu(input, approximate=approximate)
     return F.gelu(input, approximate=approximate)
 

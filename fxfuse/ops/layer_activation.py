@@ -17,12 +17,14 @@ the layer's (at::convolution's: channels_last in, channels_last out).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import compiled
 from .checks import (
     IntPair,
     apply_activation,
@@ -54,6 +56,8 @@ def linear_act(
         and input.shape[-1] == weight.shape[1]
         and (bias is None or tuple(bias.shape) == (weight.shape[0],))
     ):
+        if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
+            return compiled.compiled_layer_act(F.linear, (input, weight, bias), act, act_param)
         return torch.ops.fxfuse.linear_act(input, weight, bias, act, float(act_param))
     return apply_activation(F.linear(input, weight, bias), act, act_param)
 
@@ -90,7 +94,14 @@ def conv_act(
     if geometry is None:
         return apply_activation(F.conv2d(input, weight, bias, stride, padding, dilation, groups), act, act_param)
     input, stride, padding, dilation, _ = geometry
+    if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
+        conv = functools.partial(_conv2d, stride=stride, padding=padding, dilation=dilation, groups=groups)
+        return compiled.compiled_layer_act(conv, (input, weight, bias), act, act_param)
     return torch.ops.fxfuse.conv_act(input, weight, bias, stride, padding, dilation, groups, act, float(act_param))
+
+
+def _conv2d(input, weight, bias, *, stride, padding, dilation, groups):
+    return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
 
 
 # --------------------------------------------------------------------------- linear_act

@@ -1,0 +1,179 @@
+"""torch.compile(fxfuse.optimize(model)): one graph, exact, and backward keeps no more than fxfuse eager.
+
+Both ways fxfuse runs under torch.compile are tested: the default (the fused ops as opaque
+calls) and, with fxfuse.ops.compiled.enabled ("composed"), the ATen compositions of
+fxfuse/ops/compiled.py inside selective-checkpoint regions. Most tests use the "aot_eager_decomp_partition" backend:
+AOTAutograd with inductor's decompositions and its min-cut partitioner (which is what
+decides what backward keeps, honouring the regions' policy), without inductor's C++
+code generation, which takes minutes on a small shared CPU. One test runs inductor
+itself on a small model.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+
+import fxfuse
+from fxfuse.measure import memory
+from fxfuse.ops import compiled
+from fxfuse.testing import assert_equivalent
+
+PARTITIONED = "aot_eager_decomp_partition"  # AOTAutograd + min-cut partitioner, no code generation
+
+
+class Block(nn.Module):
+    """A ResNet basic block: conv→BN→ReLU, conv→BN, + identity, ReLU (add_into, fused in place in eager)."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return F.relu(self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))) + x)
+
+
+def small_net() -> nn.Module:
+    """Every fused family: conv_bn_act, add_into, batch_norm_act, conv_act, linear_act, gelu."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        Block(8),
+        nn.BatchNorm2d(8),
+        nn.SiLU(),
+        nn.Conv2d(8, 8, 1),
+        nn.GELU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 16),
+        nn.GELU(),
+        nn.Linear(16, 4),
+    )
+
+
+def channels_last(model: nn.Module, x: torch.Tensor, dtype=torch.float64):
+    return model.to(dtype, memory_format=torch.channels_last), x.to(dtype).contiguous(memory_format=torch.channels_last)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(params=["opaque", "composed"])
+def composed(request, monkeypatch):
+    monkeypatch.setattr(compiled, "enabled", request.param == "composed")
+    return request.param == "composed"
+
+
+def captured_graphs(model: nn.Module, *inputs) -> list[torch.fx.GraphModule]:
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(model, backend=backend)(*inputs)
+    return graphs
+
+
+def test_one_graph_with_every_fused_site(composed):
+    model = fxfuse.optimize(small_net())
+    sites = [s.op for s in model.fxfuse_report.fused]
+    assert {"fxfuse::conv_bn_act", "fxfuse::batch_norm_act", "fxfuse::conv_act", "fxfuse::linear_act"} <= set(sites)
+    (graph,) = captured_graphs(model, torch.randn(2, 3, 8, 8))
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    checkpointed = sum(1 for t in targets if "tag_activation_checkpoint" in t)
+    if composed:  # a recompute region per site; GELU is F.gelu
+        assert not [t for t in targets if "fxfuse" in t]
+        assert checkpointed == len([s for s in sites if s != "fxfuse::gelu"])
+    else:  # every site is its fused op
+        assert sorted(t.replace(".", "::", 1) for t in targets if t.startswith("fxfuse.")) == sorted(sites)
+        assert checkpointed == 0
+
+
+def test_resnet18_is_one_graph():
+    explanation = torch._dynamo.explain(fxfuse.optimize(torchvision.models.resnet18()))(torch.randn(2, 3, 32, 32))
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0)
+
+
+class Holder(nn.Module):
+    """`model` under the name torch.compile's OptimizedModule gives it, so state_dict keys match."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self._orig_mod = model
+
+    def forward(self, *args):
+        return self._orig_mod(*args)
+
+
+def test_resnet18_trains_and_evaluates_exactly_in_float64():
+    model = torchvision.models.resnet18()
+    candidate = torch.compile(fxfuse.optimize(copy.deepcopy(model)), backend=PARTITIONED)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    # 64x64: layer4's BN then normalizes 8 values per channel. At 32x32 (2 values) float64
+    # rounding grows past the tolerance by step 2 for fxfuse eager and plain compile alike.
+    assert_equivalent(Holder(model), candidate, torch.randn(2, 3, 64, 64), dtype=torch.float64)
+    # the deep copies assert_equivalent runs were compiled: train and eval graphs
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= frames + 2
+
+
+def test_small_net_trains_and_evaluates_exactly_in_float64(composed):
+    model = small_net()
+    candidate = torch.compile(fxfuse.optimize(copy.deepcopy(model)), backend=PARTITIONED)
+    assert_equivalent(Holder(model), candidate, torch.randn(4, 3, 8, 8), dtype=torch.float64)
+
+
+def test_running_statistics_are_updated_once_per_step_and_saved_bytes_stay(composed):
+    model, x = channels_last(small_net(), torch.randn(4, 3, 8, 8))
+    compiled_model = torch.compile(fxfuse.optimize(copy.deepcopy(model)), backend=PARTITIONED)
+    for _ in range(3):
+        memory.train_step(model, (x,))
+        memory.train_step(compiled_model, (x,))
+    for (name, ref), got in zip(model.named_buffers(), compiled_model._orig_mod.buffers()):
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12, msg=name)
+    assert int(model[1].num_batches_tracked) == int(compiled_model._orig_mod[1].num_batches_tracked) == 3
+    eager = fxfuse.optimize(copy.deepcopy(model))
+    assert 0 < memory.saved_activation_bytes(compiled_model, (x,)) <= memory.saved_activation_bytes(eager, (x,))
+
+
+def test_resnet18_saves_no_more_than_fxfuse_eager():
+    model, x = channels_last(torchvision.models.resnet18(), torch.randn(2, 3, 32, 32), torch.float32)
+    eager = fxfuse.optimize(copy.deepcopy(model))
+    compiled_model = torch.compile(fxfuse.optimize(copy.deepcopy(model)), backend=PARTITIONED)
+    memory.train_step(compiled_model, (x,))
+    fused_eager = memory.saved_activation_bytes(eager, (x,))
+    assert 0 < memory.saved_activation_bytes(compiled_model, (x,)) <= fused_eager
+    # Plain torch.compile keeps more: the conv outputs (what fxfuse recomputes).
+    plain = torch.compile(copy.deepcopy(model), backend=PARTITIONED)
+    memory.train_step(plain, (x,))
+    assert memory.saved_activation_bytes(plain, (x,)) > fused_eager
+
+
+def test_inductor_small_net_exact_and_saves_no_more_than_fxfuse_eager():
+    """The default (opaque ops) through inductor itself. The composed path was checked the same way
+    (float64 resnet18, relative differences <= 3e-10) but its C++ code generation takes minutes here."""
+    model, x = channels_last(small_net(), torch.randn(4, 3, 8, 8))
+    eager = fxfuse.optimize(copy.deepcopy(model))
+    compiled_model = torch.compile(fxfuse.optimize(copy.deepcopy(model)))
+    for _ in range(2):
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        out, ref = compiled_model(xs[0]), model(xs[1])
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+        out.square().sum().backward()
+        ref.square().sum().backward()
+        torch.testing.assert_close(xs[0].grad, xs[1].grad, rtol=1e-10, atol=1e-10)
+        for (name, p), q in zip(model.named_parameters(), compiled_model._orig_mod.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-10, msg=name)
+            p.grad = q.grad = None
+    for (name, b), c in zip(model.named_buffers(), compiled_model._orig_mod.buffers()):
+        torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-12, msg=name)
+    assert memory.saved_activation_bytes(compiled_model, (x,)) <= memory.saved_activation_bytes(eager, (x,))
