@@ -25,7 +25,7 @@ from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
 from . import example_inputs as _example_inputs
 from . import layout, policy, shapes, tracing
-from .passes import PassContext, run_passes
+from .passes import PassContext, regions, run_passes
 from .report import FusionReport, SkippedSite
 
 _STATE = "_fxfuse_state"
@@ -40,6 +40,7 @@ class Options:
     allowed: Optional[frozenset] = None  # sites a policy selected (None: all)
     memory_budget: Optional[float] = None
     channels_last: bool = False  # the forward converts 4-D floating inputs to channels_last (fusion.layout)
+    regions: tuple = ()  # groups of region names (passes/regions.py) the policy chose to recompute
 
     @property
     def pass_mode(self) -> str:
@@ -55,7 +56,12 @@ class Options:
             inner = tuple(_unprefix(n, path) for n in names)
             if all(n is not None for n in inner):
                 allowed.add(inner)
-        return Options(self.mode, frozenset(allowed), self.memory_budget, self.channels_last)
+        groups = []
+        for group in self.regions:
+            inner = tuple(_unprefix(n, path) for n in group)
+            if all(n is not None for n in inner):
+                groups.append(inner)
+        return Options(self.mode, frozenset(allowed), self.memory_budget, self.channels_last, tuple(groups))
 
 
 def _unprefix(name: str, path: str) -> Optional[str]:
@@ -74,6 +80,7 @@ class _State:
     key_modules: list[nn.Module]
     graphs: dict[tuple, Callable] = field(default_factory=dict)
     reports: dict[tuple, FusionReport] = field(default_factory=dict)
+    fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
     last_leaf_failures: dict[str, str] = field(default_factory=dict)
 
 
@@ -161,6 +168,9 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
         set(state.options.allowed) if state.options.allowed is not None else None,
     )
     run_passes(ctx)
+    if state.options.regions:
+        report.notes.extend(regions.apply(traced.graph, root, state.options.regions))
+    state.fx_graphs[_key(state)] = traced.graph
     fn = tracing.compile_graph(traced.graph)
     key = _key(state)
     state.graphs[key] = fn
