@@ -35,9 +35,7 @@ class RegionCall:
     `__name__` for the generated code.
     """
 
-    def __init__(
-        self, name: str, fn: Callable, component_names: Sequence[str], module_paths: Sequence[str]
-    ) -> None:
+    def __init__(self, name: str, fn: Callable, component_names: Sequence[str], module_paths: Sequence[str]) -> None:
         self.name = name
         self.fn = fn
         self.component_names = tuple(component_names)

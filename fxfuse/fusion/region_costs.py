@@ -88,9 +88,12 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
     with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
         recorder.run(*inputs)
     found = region_graph.find(graph, module)
+    everything = sum(len(r.nodes) for r in found)
     saved_anywhere = set(recorder.savers)
     costs, problems = [], {}
     for region in found:
+        if region.problem is None and len(region.nodes) == everything:
+            region.problem = "it is the whole graph: its recompute would hold all of eager's activations at once"
         if region.problem:
             problems[region.name] = region.problem
             continue

@@ -3,8 +3,9 @@
 A TorchDispatchMode sees every tensor an op creates during forward and backward; it
 adds the bytes of each new storage and takes them off when the storage is freed (a
 weak reference on the storage, which lives as long as anything, autograd included,
-holds it; views and in-place results are no new storage). The peak of that sum over the step is the estimate: activations, their
-gradients and the parameter gradients, as the resident-memory peak of
+holds it; views and in-place results are no new storage). The peak of that sum over
+the step is the estimate: activations, their gradients and the parameter gradients,
+as the resident-memory peak of
 `fxfuse.measure` counts them on a real run. Memory an op's kernel uses inside itself
 (a fused backward's recomputed conv output) is not seen.
 """

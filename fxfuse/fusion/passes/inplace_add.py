@@ -28,7 +28,9 @@ _ADDS = (operator.add, operator.iadd)
 
 
 def _plain_batch_norm(module) -> bool:
-    return isinstance(module, nn.BatchNorm2d) and type(module).forward is nn.BatchNorm2d.forward and not has_hooks(module)
+    return (
+        isinstance(module, nn.BatchNorm2d) and type(module).forward is nn.BatchNorm2d.forward and not has_hooks(module)
+    )
 
 
 def _fresh(node, modules: dict) -> bool:

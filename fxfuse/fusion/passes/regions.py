@@ -178,8 +178,8 @@ def apply(graph: fx.Graph, root: nn.Module, groups: Sequence[tuple[str, ...]]) -
     for group in groups:
         missing = [n for n in group if n not in by_name or by_name[n].problem]
         if missing:
-            reasons = [by_name[n].problem if n in by_name else "not found" for n in missing]
-            notes.append(f"region {'+'.join(group)} not recomputed: {'; '.join(f'{n}: {r}' for n, r in zip(missing, reasons))}")
+            reasons = "; ".join(f"{n}: {by_name[n].problem if n in by_name else 'not found'}" for n in missing)
+            notes.append(f"region {'+'.join(group)} not recomputed: {reasons}")
         else:
             wanted.append(group)
     calls = {}
