@@ -39,20 +39,27 @@ class Region:
     problem: Optional[str] = None  # why it cannot be recomputed as one region
 
 
-def _is_block(path: str, modules: dict[str, nn.Module]) -> bool:
+def _traced_through(graph: fx.Graph) -> set[str]:
+    """Modules the tracer entered: those with a node traced inside them (not only a call of them as a leaf)."""
+    paths = set()
+    for node in graph.nodes:
+        stack = [path for path, _ in node.meta.get("nn_module_stack", {}).values()]
+        paths.update(stack[:-1])
+    return paths
+
+
+def _is_block(path: str, modules: dict[str, nn.Module], traced: set[str]) -> bool:
     module = modules.get(path)
-    if module is None or type(module) in _CONTAINERS:
+    if module is None or type(module) in _CONTAINERS or path not in traced:
         return False
     parent = modules.get(path.rsplit(".", 1)[0] if "." in path else "")
     return isinstance(parent, _CONTAINERS)
 
 
-def _block_of(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[str]:
-    """The outermost block the node was traced inside (a leaf call of the block itself is no block)."""
+def _block_of(node: fx.Node, modules: dict[str, nn.Module], traced: set[str]) -> Optional[str]:
+    """The outermost block the node was traced inside."""
     for path, _ in node.meta.get("nn_module_stack", {}).values():
-        if node.op == "call_module" and node.target == path:
-            return None
-        if _is_block(path, modules):
+        if _is_block(path, modules, traced):
             return path
     return None
 
@@ -65,10 +72,11 @@ def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[fx.Node, Optio
     """Each member node's block (None: not in a block). Nodes the passes added without a module stack
     (metadata stand-ins) go with their first user."""
     members = _members(graph)
+    traced = _traced_through(graph)
     keys: dict[fx.Node, Optional[str]] = {}
     for node in members:
         if "nn_module_stack" in node.meta:
-            keys[node] = _block_of(node, modules)
+            keys[node] = _block_of(node, modules, traced)
     for node in reversed(members):
         if node not in keys:
             users = [u for u in node.users if u in keys]
