@@ -81,7 +81,7 @@ def test_the_fresh_operand_may_be_the_right_one():
     assert_equivalent(model, fxfuse.optimize(copy.deepcopy(model)), torch.randn(2, 4, 6, 5), dtype=torch.float64)
 
 
-def test_fast_mode_adds_into_the_plain_batch_norm_output():
+def test_fast_mode_adds_into_theplain_batch_norm_output():
     """mode="fast" leaves Conv→BN (no activation) to eager; a BatchNorm2d's backward keeps its input,
     never its output, so the residual add may write over that output."""
     from fxfuse.fusion import tracing
@@ -104,11 +104,11 @@ def test_a_batch_norm_subclass_with_its_own_forward_is_not_added_into():
 
     from fxfuse.fusion.passes import inplace_add
 
-    assert inplace_add._plain_batch_norm(nn.BatchNorm2d(3))
-    assert not inplace_add._plain_batch_norm(ScaledBN(3))
+    assert inplace_add.plain_batch_norm(nn.BatchNorm2d(3))
+    assert not inplace_add.plain_batch_norm(ScaledBN(3))
     hooked = nn.BatchNorm2d(3)
     hooked.register_forward_hook(lambda *a: None)
-    assert not inplace_add._plain_batch_norm(hooked)
+    assert not inplace_add.plain_batch_norm(hooked)
 
 
 def test_add_into_writes_over_fresh_only_when_the_result_is_the_same():

@@ -27,7 +27,7 @@ from .rewrite import replace_chain
 _ADDS = (operator.add, operator.iadd)
 
 
-def _plain_batch_norm(module) -> bool:
+def plain_batch_norm(module) -> bool:
     return (
         isinstance(module, nn.BatchNorm2d) and type(module).forward is nn.BatchNorm2d.forward and not has_hooks(module)
     )
@@ -38,7 +38,7 @@ def _fresh(node, modules: dict) -> bool:
     if not isinstance(node, fx.Node) or len(node.users) != 1:
         return False
     if node.op == "call_module":
-        return _plain_batch_norm(modules.get(node.target))
+        return plain_batch_norm(modules.get(node.target))
     if node.op != "call_function":
         return False
     if node.target is runtime.conv_bn_act_module:
