@@ -4,8 +4,11 @@ A region (passes/regions.py) is a run of graph nodes compiled into a function of
 own, `fn(owner, *inputs)`. `RegionCall` runs it under non-reentrant
 `torch.utils.checkpoint`: forward keeps only the region's inputs, and backward runs
 the region's forward again (fxfuse's fused kernels included) to rebuild what its
-backward needs. Checkpoint restores the RNG state for the recompute, so dropout draws
-the same mask.
+backward needs, stopping once it has. Checkpoint restores the RNG state for the
+recompute, so dropout draws the same mask. A custom autograd.Function that runs the
+forward under no_grad and backpropagates through a recompute in its backward was
+measured no faster (ResNet-50, 8x3x224x224, memory_budget=0.3: 2.35 s per train step
+against checkpoint's 2.31 s, same gradients), and it cannot stop the recompute early.
 
 The recompute must not change module state a second time: BatchNorm's running
 statistics and `num_batches_tracked`, or any buffer the region updates in place.
