@@ -51,6 +51,12 @@ def test_variant_names_and_errors():
         "compile-budget=0.5",
         "compile-budget=0.3",
     ]
+    assert bench.parse_variants(["memory"], [0.3], peak_budgets=[0.5]) == [
+        "eager",
+        "memory",
+        "budget=0.3",
+        "peak-budget=0.5",
+    ]
     with pytest.raises(ConfigurationError, match="give --budget too"):
         bench.parse_variants(["memory"], [], ["compile-budget"])
     assert bench.parse_variants(["memory", "auto"], [], ["compile", "compile-fxfuse", "compile-fxfuse-composed"]) == [
@@ -88,6 +94,13 @@ def test_checkpoint_peer_is_exact_and_saves_memory():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
     model.float(), peer.float()
     assert measure.saved_activation_bytes(peer, (x,)) < measure.saved_activation_bytes(model, (x,))
+
+
+def test_peak_budget_variant_is_optimized_under_that_budget():
+    x = torch.randn(2, 3, 16, 16)
+    variant = bench.make_variant("peak-budget=0.9", small_net(), (x,))
+    assert variant.fxfuse_report.peak_budget == 0.9
+    assert variant.fxfuse_report.selected_peak_bytes is not None
 
 
 def test_compare_rows_are_ratios_to_eager():

@@ -81,14 +81,34 @@ def test_the_fresh_operand_may_be_the_right_one():
     assert_equivalent(model, fxfuse.optimize(copy.deepcopy(model)), torch.randn(2, 4, 6, 5), dtype=torch.float64)
 
 
-def test_fast_mode_has_no_fused_outputs_to_add_into():
+def test_fast_mode_adds_into_theplain_batch_norm_output():
+    """mode="fast" leaves Conv→BN (no activation) to eager; a BatchNorm2d's backward keeps its input,
+    never its output, so the residual add may write over that output."""
     from fxfuse.fusion import tracing
     from fxfuse.fusion.passes import PassContext, run_passes
     from fxfuse.fusion.report import FusionReport
 
-    traced = tracing.trace(Block())
-    run_passes(PassContext(traced.graph, Block(), "fast", FusionReport("fast")))
-    assert runtime.add_into not in [n.target for n in traced.graph.nodes]
+    block = Block()
+    traced = tracing.trace(block)
+    run_passes(PassContext(traced.graph, block, "fast", FusionReport("fast")))
+    (add,) = [n for n in traced.graph.nodes if n.target is runtime.add_into]
+    assert add.args[0].op == "call_module" and add.args[0].target in ("bn1", "bn2")
+    x = torch.randn(2, 4, 6, 5)
+    assert_equivalent(block, fxfuse.optimize(copy.deepcopy(block), mode="fast"), x, dtype=torch.float64)
+
+
+def test_a_batch_norm_subclass_with_its_own_forward_is_not_added_into():
+    class ScaledBN(nn.BatchNorm2d):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    from fxfuse.fusion.passes import inplace_add
+
+    assert inplace_add.plain_batch_norm(nn.BatchNorm2d(3))
+    assert not inplace_add.plain_batch_norm(ScaledBN(3))
+    hooked = nn.BatchNorm2d(3)
+    hooked.register_forward_hook(lambda *a: None)
+    assert not inplace_add.plain_batch_norm(hooked)
 
 
 def test_add_into_writes_over_fresh_only_when_the_result_is_the_same():

@@ -53,6 +53,13 @@ def register(subparsers) -> None:
         help="also run fxfuse with memory_budget=B (fraction of eager's saved activations)",
     )
     parser.add_argument(
+        "--peak-budget",
+        type=_budgets,
+        default=[],
+        metavar="P[,P...]",
+        help="also run fxfuse with peak_budget=P (fraction of eager's peak during a train step)",
+    )
+    parser.add_argument(
         "--with",
         dest="peers",
         type=_csv,
@@ -91,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
     fmt = (
         (torch.channels_last if args.memory_format == "channels_last" else torch.contiguous_format) if four_d else None
     )
-    names = bench.parse_variants(args.modes, args.budget, args.peers, channels_last_baseline=four_d)
+    names = bench.parse_variants(
+        args.modes, args.budget, args.peers, channels_last_baseline=four_d, peak_budgets=args.peak_budget
+    )
     if args.device == "cpu":
         bench.ensure_malloc_env()
 
@@ -152,5 +161,9 @@ def run(args: argparse.Namespace) -> int:
         line = f"{name}: {fused} sites fused, {recomputed} recompute a conv/linear"
         if report.budget_met is not None:
             line += f"; budget {report.budget:g} {'met' if report.budget_met else 'NOT met'}"
+        if report.peak_budget_met is not None:
+            line += f"; peak budget {report.peak_budget:g} {'met' if report.peak_budget_met else 'NOT met'}"
+        if report.regions:
+            line += f"; recomputed regions/links: {', '.join(r.name for r in report.regions)}"
         print(line)
     return 0

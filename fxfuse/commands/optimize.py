@@ -35,6 +35,14 @@ def register(subparsers) -> None:
         help="memory budget: keep saved activations at or under B x eager's (e.g. 0.7) with the least recompute",
     )
     parser.add_argument(
+        "--peak-budget",
+        type=float,
+        default=None,
+        metavar="P",
+        help="peak budget: keep the peak memory of a train step at or under P x eager's (e.g. 0.5), "
+        "counted on a meta-device copy",
+    )
+    parser.add_argument(
         "--memory-format",
         choices=MEMORY_FORMATS,
         default="preserve",
@@ -55,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         mode=args.mode,
         memory_budget=args.budget,
         memory_format=args.memory_format,
+        peak_budget=args.peak_budget,
     )
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0

@@ -24,8 +24,8 @@ from torch import nn
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
 from . import example_inputs as _example_inputs
-from . import layout, policy, shapes, tracing
-from .passes import PassContext, run_passes
+from . import layout, policy, region_costs, shapes, tracing
+from .passes import PassContext, regions, run_passes
 from .report import FusionReport, SkippedSite
 
 _STATE = "_fxfuse_state"
@@ -40,6 +40,7 @@ class Options:
     allowed: Optional[frozenset] = None  # sites a policy selected (None: all)
     memory_budget: Optional[float] = None
     channels_last: bool = False  # the forward converts 4-D floating inputs to channels_last (fusion.layout)
+    regions: tuple = ()  # groups of region names (passes/regions.py) the policy chose to recompute
 
     @property
     def pass_mode(self) -> str:
@@ -55,7 +56,12 @@ class Options:
             inner = tuple(_unprefix(n, path) for n in names)
             if all(n is not None for n in inner):
                 allowed.add(inner)
-        return Options(self.mode, frozenset(allowed), self.memory_budget, self.channels_last)
+        groups = []
+        for group in self.regions:
+            inner = tuple(_unprefix(n, path) for n in group)
+            if all(n is not None for n in inner):
+                groups.append(inner)
+        return Options(self.mode, frozenset(allowed), self.memory_budget, self.channels_last, tuple(groups))
 
 
 def _unprefix(name: str, path: str) -> Optional[str]:
@@ -74,6 +80,7 @@ class _State:
     key_modules: list[nn.Module]
     graphs: dict[tuple, Callable] = field(default_factory=dict)
     reports: dict[tuple, FusionReport] = field(default_factory=dict)
+    fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
     last_leaf_failures: dict[str, str] = field(default_factory=dict)
 
 
@@ -161,6 +168,9 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
         set(state.options.allowed) if state.options.allowed is not None else None,
     )
     run_passes(ctx)
+    if state.options.regions:
+        report.notes.extend(regions.apply(traced.graph, root, state.options.regions))
+    state.fx_graphs[_key(state)] = traced.graph
     fn = tracing.compile_graph(traced.graph)
     key = _key(state)
     state.graphs[key] = fn
@@ -275,7 +285,25 @@ def _normalize_inputs(example_inputs) -> Optional[tuple]:
     )
 
 
-def _check(model, mode: str, memory_budget, example_inputs, memory_format: str = "preserve") -> None:
+def _check_budget(model, name: str, value, of_what: str, example_inputs, mode: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value <= 1):
+        raise ConfigurationError(f"{name} is a fraction of eager's {of_what} in (0, 1], e.g. 0.7; got {value!r}")
+    if example_inputs is None:
+        raise ConfigurationError(
+            f"{name}={value} needs example_inputs to size every site: "
+            f"fxfuse.optimize({type(model).__name__.lower()}, example_inputs=torch.randn(8, 3, 224, 224), "
+            f"{name}={value}) (shapes only: no real compute is done with them)"
+        )
+    if mode == "fast":
+        raise ConfigurationError(
+            f"mode='fast' never recomputes convolutions, so a {name} cannot steer it; "
+            f"use mode='memory' or mode='auto' with {name}"
+        )
+
+
+def _check(model, mode: str, memory_budget, example_inputs, memory_format: str = "preserve", peak_budget=None) -> None:
     if not isinstance(model, nn.Module):
         raise ConfigurationError(f"fxfuse.optimize expects an nn.Module, got {type(model).__name__}")
     if memory_format not in layout.MEMORY_FORMATS:
@@ -284,27 +312,8 @@ def _check(model, mode: str, memory_budget, example_inputs, memory_format: str =
         )
     if mode not in MODES:
         raise ConfigurationError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
-    if memory_budget is not None:
-        if (
-            isinstance(memory_budget, bool)
-            or not isinstance(memory_budget, (int, float))
-            or not (0 < memory_budget <= 1)
-        ):
-            raise ConfigurationError(
-                f"memory_budget is a fraction of eager's saved activation bytes in (0, 1], e.g. 0.7; "
-                f"got {memory_budget!r}"
-            )
-        if example_inputs is None:
-            raise ConfigurationError(
-                f"memory_budget={memory_budget} needs example_inputs to size every site: "
-                f"fxfuse.optimize({type(model).__name__.lower()}, example_inputs=torch.randn(8, 3, 224, 224), "
-                f"memory_budget={memory_budget}) (shapes only: no real compute is done with them)"
-            )
-        if mode == "fast":
-            raise ConfigurationError(
-                "mode='fast' never recomputes convolutions, so a memory_budget cannot steer it; "
-                "use mode='memory' or mode='auto' with memory_budget"
-            )
+    _check_budget(model, "memory_budget", memory_budget, "saved activation bytes", example_inputs, mode)
+    _check_budget(model, "peak_budget", peak_budget, "peak memory during a train step", example_inputs, mode)
     _extension.require()
 
 
@@ -328,40 +337,62 @@ def _run(model: nn.Module, example_inputs, options: Options, install: bool) -> F
     return report
 
 
-def _selection_bytes(model: nn.Module, inputs: tuple, allowed: frozenset) -> int:
-    return measure.saved_activation_bytes_meta(
-        model, inputs, prepare=lambda trial: _run(trial, None, Options("memory", allowed), install=True)
+def _prepare(selection: policy.Selection) -> Callable[[nn.Module], Any]:
+    """Optimize a (meta-device) trial copy with `selection`."""
+    options = Options("memory", selection.allowed, regions=selection.groups)
+    return lambda trial: _run(trial, None, options, install=True)
+
+
+def _region_profile(model: nn.Module, inputs: tuple, pointwise: frozenset) -> Optional[region_costs.Profile]:
+    """Region costs on a meta-device copy fused with pointwise sites only (None: not traced as one graph)."""
+    trial = measure.meta_copy(model)
+    _run(trial, None, Options("memory", pointwise), install=True)
+    if not is_optimized(trial):
+        return None
+    state: _State = trial.__dict__[_STATE]
+    return region_costs.profile(trial, state.fx_graphs[_key(state)], measure.to_meta(inputs))
+
+
+def _counts(model: nn.Module, inputs: tuple) -> policy.Counts:
+    return policy.Counts(
+        eager_bytes=lambda: measure.saved_activation_bytes_meta(model, inputs),
+        selection_bytes=lambda sel: measure.saved_activation_bytes_meta(model, inputs, prepare=_prepare(sel)),
+        eager_peak=lambda: measure.step_peak_bytes_meta(model, inputs),
+        selection_peak=lambda sel: measure.step_peak_bytes_meta(model, inputs, prepare=_prepare(sel)),
+        profile=lambda pointwise: _region_profile(model, inputs, pointwise),
     )
 
 
-def _decide(model: nn.Module, inputs, mode: str, memory_budget) -> tuple[Options, Optional[policy.Decision]]:
+def _decide(
+    model: nn.Module, inputs, mode: str, memory_budget, peak_budget=None
+) -> tuple[Options, Optional[policy.Decision]]:
     """Options for the final rewrite; for auto and budgets, the policy's selection too."""
-    if mode != "auto" and memory_budget is None:
+    if mode != "auto" and memory_budget is None and peak_budget is None:
         return Options(mode), None
     memory = _run(model, inputs, Options("memory"), install=False)
     fast = _run(model, inputs, Options("fast"), install=False)
-    if memory_budget is None:
+    if memory_budget is None and peak_budget is None:
         decision = policy.choose_auto(model, memory, fast)
     else:
         decision = policy.choose_budget(
             model,
             memory,
             fast,
-            float(memory_budget),
-            eager_bytes=lambda: measure.saved_activation_bytes_meta(model, inputs),
-            selection_bytes=lambda allowed: _selection_bytes(model, inputs, allowed),
+            None if memory_budget is None else float(memory_budget),
+            _counts(model, inputs),
+            peak_budget=None if peak_budget is None else float(peak_budget),
         )
-    return Options(mode, decision.allowed, memory_budget), decision
+    return Options(mode, decision.allowed, memory_budget, regions=decision.groups), decision
 
 
 def _optimized(
-    model: nn.Module, example_inputs, mode: str, memory_budget, memory_format: str, install: bool
+    model: nn.Module, example_inputs, mode: str, memory_budget, memory_format: str, install: bool, peak_budget=None
 ) -> FusionReport:
     inputs = _normalize_inputs(example_inputs)
     chosen = layout.decide(model, inputs, memory_format)
     if chosen.channels_last and inputs is not None:
         inputs = layout.to_channels_last(inputs)
-    options, decision = _decide(model, inputs, mode, memory_budget)
+    options, decision = _decide(model, inputs, mode, memory_budget, peak_budget)
     options = dataclasses.replace(options, channels_last=chosen.channels_last)
     report = _run(model, inputs, options, install)
     if install and chosen.channels_last:
@@ -379,6 +410,7 @@ def optimize(
     mode: str = "memory",
     memory_budget: Optional[float] = None,
     memory_format: str = "preserve",
+    peak_budget: Optional[float] = None,
 ) -> nn.Module:
     """Rewrite `model` in place so that its Conv→BN(→act), BN→act and Linear/Conv→act patterns run as fused ops.
 
@@ -393,6 +425,11 @@ def optimize(
 
     memory_budget=0.7 (needs example_inputs) keeps saved activations at or under 0.7×
     eager's with the least recompute; the report says whether the budget was met.
+    Below what per-site fusion reaches, whole residual blocks (and runs of layers
+    between them) keep only their inputs and run their forward again in backward.
+    peak_budget=0.5 (needs example_inputs) keeps the peak memory of a train step at or
+    under 0.5× eager's, counted on a meta-device copy; both can be given. The report
+    shows both ratios and which regions were recomputed and why.
 
     memory_format="channels_last" converts the model's 4-D parameters to channels_last
     and makes its forward convert 4-D inputs (values are unchanged); "auto" does so
@@ -400,11 +437,11 @@ def optimize(
     (needs example_inputs); "preserve" (default) leaves layouts alone. The report's
     `layout` says what was chosen and why.
     """
-    _check(model, mode, memory_budget, example_inputs, memory_format)
+    _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget)
     _check_example_inputs(model, example_inputs)
     if any(is_optimized(m) for m in model.modules()):
         _uninstall(model)
-    report = _optimized(model, example_inputs, mode, memory_budget, memory_format, install=True)
+    report = _optimized(model, example_inputs, mode, memory_budget, memory_format, True, peak_budget)
     model.fxfuse_report = report
     return model
 
@@ -416,12 +453,13 @@ def explain(
     mode: str = "memory",
     memory_budget: Optional[float] = None,
     memory_format: str = "preserve",
+    peak_budget: Optional[float] = None,
 ) -> FusionReport:
     """What `optimize` would fuse and skip (and why), without changing `model`."""
-    _check(model, mode, memory_budget, example_inputs, memory_format)
+    _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget)
     _check_example_inputs(model, example_inputs)
     target = model
     if any(is_optimized(m) for m in model.modules()):
         target = copy.deepcopy(model)
         _uninstall(target)
-    return _optimized(target, example_inputs, mode, memory_budget, memory_format, install=False)
+    return _optimized(target, example_inputs, mode, memory_budget, memory_format, False, peak_budget)

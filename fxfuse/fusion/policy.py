@@ -1,4 +1,4 @@
-"""Which sites to rewrite when recomputing costs time: `memory_budget=` and mode="auto".
+"""What to recompute when recomputing costs time: `memory_budget=`, `peak_budget=` and mode="auto".
 
 A site where fxfuse recomputes a convolution or a linear layer in backward (an
 *upgrade*) saves bytes and costs FLOPs. Pointwise sites (BN→activation, and the
@@ -7,15 +7,24 @@ kernels do faster than eager does the original, so they are always taken. An upg
 replaces the pointwise site on the same modules, so it is worth its *marginal* bytes:
 what it saves beyond that pointwise site.
 
-Upgrades are ranked by recompute FLOPs per marginal byte, cheapest first, and every
+Below what per-site fusion reaches, whole *regions* (a residual block, or a run of
+nodes between blocks) keep only their inputs and run their forward again in backward,
+and *links* chain consecutive regions (fusion/ranking.py). Upgrades, regions and links
+are ranked together by recompute FLOPs per byte freed, cheapest first, and every
 selection is a prefix of that one ranking, so a tighter budget never saves less:
 
 * `memory_budget=b`: the shortest prefix whose saved activations are at most b × eager's.
   Both sides are counted the way `fxfuse.measure` counts them (unique storages saved
   for backward), on a meta-device copy of the model: shapes, no compute, nothing of the
-  user's touched. The per-site estimates pick the prefix; the meta count checks it.
+  user's touched. The per-site and per-region estimates pick the prefix; the meta count
+  checks it.
+* `peak_budget=p`: the shortest prefix (at least as long as memory_budget's) whose peak
+  during a train step is at most p × eager's, both counted on a meta-device copy
+  (`measure.step_peak_bytes_meta`): what decides whether a batch fits. Searched by
+  bisection, which assumes the peak does not rise along the ranking; the count checks
+  the prefix it ends on.
 * mode="auto": the upgrades that cost at most AUTO_MAX_FLOPS_PER_BYTE, e.g. depthwise
-  convs and 1×1 convs with few input channels.
+  convs and 1×1 convs with few input channels (no regions).
 """
 
 from __future__ import annotations
@@ -27,7 +36,9 @@ from typing import Callable, Optional
 from torch import nn
 
 from ..errors import ConfigurationError
-from .report import FusedSite, FusionReport, SkippedSite, format_bytes
+from .ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select, site_in_region
+from .region_costs import Profile
+from .report import FusedSite, FusionReport, RegionChoice, SkippedSite, format_bytes, format_flops
 from .tracing import first_line
 
 RECOMPUTE_OPS = frozenset({"fxfuse::conv_bn_act", "fxfuse::linear_act", "fxfuse::conv_act"})
@@ -39,37 +50,46 @@ AUTO_MAX_FLOPS_PER_BYTE = 64.0
 
 
 @dataclass
-class Candidate:
-    site: FusedSite  # the site as mode="memory" fuses it (recomputing the conv/linear)
-    fallback: list[FusedSite]  # the pointwise sites it replaces
-    marginal_bytes: Optional[int]
-    flops_per_byte: Optional[float]
-
-    def describe(self) -> str:
-        if self.flops_per_byte is None:
-            return "recompute cost unknown"
-        return f"{self.flops_per_byte:.0f} FLOP/B"
-
-
-@dataclass
 class Decision:
     """The policy's choice, and what it measured on the way."""
 
     allowed: frozenset  # site names the passes may rewrite
     policy: str  # "auto" or "budget"
-    chosen: list[Candidate]
-    rejected: list[Candidate]
+    chosen: list[Entry]  # the prefix of the ranking taken
+    rejected: list[Entry]  # the rest of the ranking
     fallback_names: set = field(default_factory=set)  # pointwise sites kept in place of a rejected upgrade
     budget: Optional[float] = None
     eager_bytes: Optional[int] = None
     selected_bytes: Optional[int] = None  # saved for backward with this selection (meta-device count)
     notes: list[str] = field(default_factory=list)
+    groups: tuple = ()  # region groups to recompute (ranking.Selection.groups)
+    selection: Optional[Selection] = None
+    peak_budget: Optional[float] = None
+    eager_peak_bytes: Optional[int] = None
+    selected_peak_bytes: Optional[int] = None  # peak during a train step with this selection (meta device)
 
     @property
     def met(self) -> Optional[bool]:
         if self.budget is None or self.eager_bytes is None or self.selected_bytes is None:
             return None
         return self.selected_bytes <= self.budget * self.eager_bytes
+
+    @property
+    def peak_met(self) -> Optional[bool]:
+        if self.peak_budget is None or self.eager_peak_bytes is None or self.selected_peak_bytes is None:
+            return None
+        return self.selected_peak_bytes <= self.peak_budget * self.eager_peak_bytes
+
+
+@dataclass
+class Counts:
+    """The meta-device counts the budget policy checks its choices with (see fusion/optimize.py)."""
+
+    eager_bytes: Callable[[], int]
+    selection_bytes: Callable[[Selection], int]
+    eager_peak: Callable[[], int]
+    selection_peak: Callable[[Selection], int]
+    profile: Callable[[frozenset], Optional[Profile]]  # region costs, given the pointwise-only selection
 
 
 def _intrinsic_flops_per_byte(model: nn.Module, site: FusedSite) -> Optional[float]:
@@ -120,104 +140,228 @@ def choose_auto(model: nn.Module, memory: FusionReport, fast: FusionReport) -> D
     return Decision(allowed, "auto", chosen, rejected, fallback)
 
 
+def _eager_count(model: nn.Module, what: str, budget_name: str, budget: float, count: Callable[[], int]) -> int:
+    try:
+        return count()
+    except Exception as exc:  # noqa: BLE001 - arbitrary models on the meta device; re-raised as one line
+        raise ConfigurationError(
+            f"{budget_name}={budget} cannot be applied to {type(model).__name__}: counting eager's {what} "
+            f"needs a run on the meta device, which raises {type(exc).__name__}: "
+            f"{first_line(exc)} (optimize without {budget_name}, or with mode='auto')"
+        ) from exc
+
+
+def _region_profile(counts: Counts, pointwise: list[FusedSite], notes: list[str]) -> Optional[Profile]:
+    try:
+        profile = counts.profile(allowed_names([], pointwise)[0])
+    except Exception as exc:  # noqa: BLE001 - regions are optional: per-site fusion still applies
+        notes.append(f"no recompute regions: costing them on the meta device raised {type(exc).__name__}: {exc}")
+        return None
+    if profile is None:
+        notes.append("no recompute regions: the model is not traced as one graph")
+    return profile
+
+
 def choose_budget(
     model: nn.Module,
     memory: FusionReport,
     fast: FusionReport,
-    budget: float,
-    eager_bytes: Callable[[], int],
-    selection_bytes: Callable[[frozenset], int],
+    budget: Optional[float],
+    counts: Counts,
+    peak_budget: Optional[float] = None,
 ) -> Decision:
-    """The cheapest prefix of the ranking that meets `budget` (else all upgrades, and say so)."""
+    """The shortest prefix of the ranking that meets `budget` and `peak_budget` (else the most it can, and say so)."""
     upgrades, pointwise = candidates(model, memory, fast)
-    decision = Decision(frozenset(), "budget", [], list(upgrades), budget=budget)
-    try:
-        decision.eager_bytes = eager_bytes()
-    except Exception as exc:  # noqa: BLE001 - arbitrary models on the meta device; re-raised as one line
-        raise ConfigurationError(
-            f"memory_budget={budget} cannot be applied to {type(model).__name__}: counting eager's saved "
-            f"activations needs a forward on the meta device, which raises {type(exc).__name__}: "
-            f"{first_line(exc)} (optimize without memory_budget, or with mode='auto')"
-        ) from exc
+    decision = Decision(frozenset(), "budget", [], [], budget=budget, peak_budget=peak_budget)
+    if budget is not None:
+        decision.eager_bytes = _eager_count(model, "saved activations", "memory_budget", budget, counts.eager_bytes)
+    if peak_budget is not None:
+        decision.eager_peak_bytes = _eager_count(model, "step peak", "peak_budget", peak_budget, counts.eager_peak)
+    profile = _region_profile(counts, pointwise, decision.notes)
+    ranking = rank(upgrades, profile)
+    order = [r.name for r in profile.regions] if profile else []
+    selections = [select(ranking[:k], pointwise, order) for k in range(len(ranking) + 1)]
+    gains = [estimated_gain(s) for s in selections]
+    measured_bytes: dict[int, Optional[int]] = {}
 
-    target = budget * decision.eager_bytes
-    known = [c.marginal_bytes or 0 for c in upgrades]
-    pointwise_saved = sum(p.saved_bytes or 0 for p in pointwise)
+    def saved(k: int) -> Optional[int]:
+        if k not in measured_bytes:
+            try:
+                measured_bytes[k] = counts.selection_bytes(selections[k])
+            except Exception as exc:  # noqa: BLE001
+                decision.notes.append(
+                    f"could not count the selection's saved activations on the meta device "
+                    f"({type(exc).__name__}: {exc}); chose by the per-site estimates"
+                )
+                measured_bytes[k] = None
+        return measured_bytes[k]
 
-    def shortest_prefix(start: int, needed: float) -> int:
-        k, gained = start, 0.0
-        while k < len(upgrades) and gained < needed:
-            gained += known[k]
+    def first_gaining(start: int, needed: float) -> int:
+        k = start
+        while k < len(ranking) and gains[k] - gains[start] < needed:
             k += 1
         return k
 
-    # Start from the measured pointwise-only selection: per-site estimates of pointwise sites
-    # miss what in-place activations save, and overshooting here would recompute for nothing.
-    try:
-        baseline = selection_bytes(allowed_names([], pointwise)[0])
-    except Exception:  # noqa: BLE001 - measured again below, where failures are reported
-        baseline = decision.eager_bytes - pointwise_saved
-    k = shortest_prefix(0, baseline - target)
-    while True:
-        allowed, fallback = allowed_names(upgrades[:k], pointwise)
-        try:
-            measured = selection_bytes(allowed)
-        except Exception as exc:  # noqa: BLE001
-            decision.notes.append(
-                f"could not count the selection's saved activations on the meta device "
-                f"({type(exc).__name__}: {exc}); chose by the per-site estimates"
-            )
-            measured = None
-        decision.allowed, decision.fallback_names = allowed, fallback
-        decision.chosen, decision.rejected = upgrades[:k], upgrades[k:]
-        decision.selected_bytes = measured
-        if measured is None or measured <= target or k == len(upgrades):
-            break
-        # The per-site estimates were optimistic (e.g. shared storages): take more, cheapest first.
-        k = max(k + 1, shortest_prefix(k, measured - target))
+    k = 0
+    if budget is not None:
+        target = budget * decision.eager_bytes
+        # Start from the measured pointwise-only selection: per-site estimates of pointwise sites
+        # miss what in-place activations save, and overshooting here would recompute for nothing.
+        baseline = saved(0)
+        if baseline is None:
+            baseline = decision.eager_bytes - sum(p.saved_bytes or 0 for p in pointwise)
+        k = first_gaining(0, baseline - target)
+        while True:
+            measured = saved(k)
+            if measured is None or measured <= target or k == len(ranking):
+                break
+            # The estimates were optimistic (e.g. shared storages): take more, cheapest first.
+            k = max(k + 1, first_gaining(k, measured - target))
+    if peak_budget is not None:
+        target = peak_budget * decision.eager_peak_bytes
+        k = _shortest_within_peak(k, len(ranking), target, selections, counts, decision)
+    elif budget is not None:
+        decision.eager_peak_bytes = _optional(counts.eager_peak)
+        decision.selected_peak_bytes = _optional(lambda: counts.selection_peak(selections[k]))
+    chosen = selections[k]
+    decision.selection = chosen
+    decision.allowed, decision.fallback_names, decision.groups = chosen.allowed, chosen.fallback, chosen.groups
+    decision.chosen, decision.rejected = ranking[:k], ranking[k:]
+    if budget is not None:
+        decision.selected_bytes = saved(k)
     if decision.met is False:
         decision.notes.append(
-            f"memory budget {budget:.2f}× is not reachable: fusing every site keeps "
+            f"memory budget {budget:.2f}× is not reachable: recomputing everything the ranking offers keeps "
             f"{decision.selected_bytes / decision.eager_bytes:.3f}× of eager's saved activations; fused all it can"
+        )
+    if decision.peak_met is False:
+        decision.notes.append(
+            f"peak budget {peak_budget:.2f}× is not reachable: the lowest step peak found is "
+            f"{decision.selected_peak_bytes / decision.eager_peak_bytes:.3f}× of eager's"
         )
     return decision
 
 
+def _optional(count: Callable[[], int]) -> Optional[int]:
+    try:
+        return count()
+    except Exception:  # noqa: BLE001 - the peak is reported when it can be counted
+        return None
+
+
+def _shortest_within_peak(
+    low: int, high: int, target: float, selections: list[Selection], counts: Counts, decision: Decision
+) -> int:
+    """The shortest prefix in [low, high] whose counted step peak is at most `target`, by bisection;
+    if none is, the one with the lowest peak counted on the way."""
+    peaks: dict[int, int] = {}
+
+    def peak(k: int) -> int:
+        if k not in peaks:
+            peaks[k] = counts.selection_peak(selections[k])
+        return peaks[k]
+
+    if peak(low) > target:
+        if peak(high) > target:
+            best = min(peaks, key=lambda k: (peaks[k], k))
+            decision.selected_peak_bytes = peaks[best]
+            return best
+        while high - low > 1:
+            mid = (low + high) // 2
+            if peak(mid) <= target:
+                high = mid
+            else:
+                low = mid
+        low = high
+    decision.selected_peak_bytes = peak(low)
+    return low
+
+
+def _region_choice(entry: RegionCandidate, limit: str) -> RegionChoice:
+    cost = entry.cost
+    if entry.kind == "region":
+        what = f"{cost.kind} keeps only its inputs; backward runs its forward again (sites inside: pointwise form)"
+        return RegionChoice(cost.name, entry.kind, cost.flops, cost.freed_bytes, f"{limit}: {entry.describe()}; {what}")
+    what = f"chains {cost.first} and {cost.second}: backward runs {cost.first} again to rebuild {cost.second}'s input"
+    return RegionChoice(entry.name, entry.kind, cost.flops, cost.freed_bytes, f"{limit}: {entry.describe()}; {what}")
+
+
+def _limit(decision: Decision) -> str:
+    if decision.policy == "auto":
+        return f"auto: ≤ {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B"
+    parts = []
+    if decision.budget is not None:
+        parts.append(f"budget {decision.budget:.2f}×")
+    if decision.peak_budget is not None:
+        parts.append(f"peak budget {decision.peak_budget:.2f}×")
+    return ", ".join(parts)
+
+
 def annotate(report: FusionReport, decision: Decision) -> None:
     """Say in the report what the policy chose and why."""
-    by_name = {c.site.modules: c for c in decision.chosen}
-    limit = (
-        f"budget {decision.budget:.2f}×"
-        if decision.policy == "budget"
-        else f"auto: ≤ {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B"
-    )
+    limit = _limit(decision)
+    in_effect = decision.selection.upgrades if decision.selection else [c for c in decision.chosen]
+    by_name = {c.site.modules: c for c in in_effect if isinstance(c, Candidate)}
+    regions = [e for e in decision.chosen if isinstance(e, RegionCandidate) and e.kind == "region"]
     for site in report.fused:
         site.mode = report.mode
         why = None
+        region = next((r for r in regions if site_in_region(site.modules, r.cost)), None)
         if site.modules in by_name:
             why = f"{limit}: {by_name[site.modules].describe()}"
+        elif region is not None:
+            why = (
+                f"{limit}: inside recomputed region {region.name}, pointwise form "
+                "(its conv is recomputed once, by the region)"
+            )
         elif site.modules in decision.fallback_names and any(
-            set(site.modules) & set(c.site.modules) for c in decision.rejected
+            isinstance(c, Candidate) and set(site.modules) & set(c.site.modules) for c in decision.rejected
         ):
             why = f"{limit}: pointwise recompute only"
         if why:
             site.reason = f"{why}; {site.reason}" if site.reason else why
+    for entry in decision.chosen:
+        if isinstance(entry, RegionCandidate):
+            report.regions.append(_region_choice(entry, limit))
     for c in decision.rejected:
         if decision.policy == "budget":
             why = "the budget is met without it"
         else:
             why = f"above the auto limit of {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B"
-        report.skipped.append(
-            SkippedSite(c.site.modules, c.site.pattern, f"recompute not chosen: {c.describe()}, {why}")
-        )
+        if isinstance(c, Candidate):
+            report.skipped.append(
+                SkippedSite(c.site.modules, c.site.pattern, f"recompute not chosen: {c.describe()}, {why}")
+            )
+        else:
+            report.skipped.append(
+                SkippedSite(
+                    (c.name,),
+                    c.kind,
+                    f"{c.kind} not recomputed: {c.describe()} ({format_flops(c.cost.flops)} for "
+                    f"{format_bytes(c.marginal_bytes)}), {why}",
+                )
+            )
     report.budget = decision.budget
     report.eager_saved_bytes = decision.eager_bytes
     report.selected_saved_bytes = decision.selected_bytes
     report.budget_met = decision.met
+    report.peak_budget = decision.peak_budget
+    report.eager_peak_bytes = decision.eager_peak_bytes
+    report.selected_peak_bytes = decision.selected_peak_bytes
+    report.peak_budget_met = decision.peak_met
     report.notes.extend(decision.notes)
     if decision.met is not None:
         report.notes.append(
             f"memory budget {decision.budget:.2f}× {'met' if decision.met else 'NOT met'}: saved activations "
             f"{format_bytes(decision.selected_bytes)} of eager's {format_bytes(decision.eager_bytes)} "
             f"({decision.selected_bytes / decision.eager_bytes:.3f}×, counted on the meta device)"
+        )
+    if decision.eager_peak_bytes and decision.selected_peak_bytes is not None:
+        verdict = ""
+        if decision.peak_met is not None:
+            verdict = f"peak budget {decision.peak_budget:.2f}× {'met' if decision.peak_met else 'NOT met'}: "
+        report.notes.append(
+            f"{verdict}step peak {format_bytes(decision.selected_peak_bytes)} of eager's "
+            f"{format_bytes(decision.eager_peak_bytes)} "
+            f"({decision.selected_peak_bytes / decision.eager_peak_bytes:.3f}×, counted on the meta device)"
         )

@@ -55,6 +55,17 @@ class SkippedSite:
 
 
 @dataclass
+class RegionChoice:
+    """A recompute region (or a link chaining two) that a budget chose (fusion/ranking.py)."""
+
+    name: str
+    kind: str  # "region" or "link"
+    recompute_flops: int
+    saved_bytes: int  # activation bytes it frees, as estimated on the meta device
+    reason: str
+
+
+@dataclass
 class FusionReport:
     mode: str
     fused: list[FusedSite] = field(default_factory=list)
@@ -65,6 +76,12 @@ class FusionReport:
     eager_saved_bytes: Optional[int] = None
     selected_saved_bytes: Optional[int] = None
     budget_met: Optional[bool] = None
+    # Set when a budget chose; the step peak (forward + backward) as counted on the meta device.
+    peak_budget: Optional[float] = None
+    eager_peak_bytes: Optional[int] = None
+    selected_peak_bytes: Optional[int] = None
+    peak_budget_met: Optional[bool] = None
+    regions: list[RegionChoice] = field(default_factory=list)  # recompute regions and links chosen
     layout: str = ""  # the memory format the optimized model runs in, and why (fusion.layout)
 
     @property
@@ -83,6 +100,11 @@ class FusionReport:
             "eager_saved_bytes": self.eager_saved_bytes,
             "selected_saved_bytes": self.selected_saved_bytes,
             "budget_met": self.budget_met,
+            "peak_budget": self.peak_budget,
+            "eager_peak_bytes": self.eager_peak_bytes,
+            "selected_peak_bytes": self.selected_peak_bytes,
+            "peak_budget_met": self.peak_budget_met,
+            "regions": [asdict(r) for r in self.regions],
             "layout": self.layout,
         }
 
@@ -104,6 +126,12 @@ class FusionReport:
             lines.append(tabulate(rows, headers=["fused", "pattern", "op", "mode", "saves", "recompute", "why"]))
             if self.saved_bytes is not None:
                 lines.append(f"total activation memory saved: {format_bytes(self.saved_bytes)}")
+        if self.regions:
+            rows = [
+                (r.name, r.kind, format_bytes(r.saved_bytes), format_flops(r.recompute_flops), r.reason)
+                for r in self.regions
+            ]
+            lines.append(tabulate(rows, headers=["recomputed region", "kind", "saves", "recompute", "why"]))
         if self.skipped:
             rows = [(s.name, s.pattern, s.reason) for s in self.skipped]
             lines.append(tabulate(rows, headers=["skipped", "pattern", "reason"]))

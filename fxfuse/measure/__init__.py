@@ -1,6 +1,7 @@
 """Measuring what fxfuse changes, the same way everywhere (tests, benchmarks, CLI, examples).
 
-`fxfuse.measure` holds the memory and time measurements (`memory.py`);
+`fxfuse.measure` holds the memory and time measurements (`memory.py`) and the step
+peak counted on a meta-device copy (`peak.py`);
 `fxfuse.measure.bench` runs model variants side by side and renders the comparison
 (`fxfuse bench`).
 """
@@ -16,6 +17,7 @@ from .memory import (
     to_meta,
     train_step,
 )
+from .peak import step_peak_bytes_meta
 
 __all__ = [
     "forward_resident_bytes",
@@ -25,6 +27,7 @@ __all__ = [
     "saved_activation_bytes",
     "saved_activation_bytes_meta",
     "step_peak_bytes",
+    "step_peak_bytes_meta",
     "to_meta",
     "train_step",
 ]

@@ -8,7 +8,8 @@ Resident-memory numbers need MALLOC_MMAP_THRESHOLD_=65536 in the environment at
 process start (see `ensure_malloc_env`).
 
 Variants: "eager" (NCHW) and "eager-channels_last"; fxfuse modes "fast", "memory",
-"auto"; "budget=0.7" (fxfuse with memory_budget=0.7); peers "checkpoint"
+"auto"; "budget=0.7" (fxfuse with memory_budget=0.7), "peak-budget=0.5" (fxfuse with
+peak_budget=0.5); peers "checkpoint"
 (torch.utils.checkpoint, non-reentrant, on each top-level child block), "compile"
 (torch.compile) and "compile-budget=0.7" (torch.compile with AOTAutograd's
 activation_memory_budget=0.7, its knapsack over which activations to recompute); and
@@ -166,7 +167,11 @@ def _compiled_fxfuse_mode(name: str) -> tuple[str, bool]:
 
 
 def parse_variants(
-    modes: Sequence[str], budgets: Sequence[float] = (), peers: Sequence[str] = (), channels_last_baseline: bool = False
+    modes: Sequence[str],
+    budgets: Sequence[float] = (),
+    peers: Sequence[str] = (),
+    channels_last_baseline: bool = False,
+    peak_budgets: Sequence[float] = (),
 ) -> list[str]:
     """Variant names in table order, eager first; bad names raise ConfigurationError.
 
@@ -181,6 +186,7 @@ def parse_variants(
         if mode not in names:
             names.append(mode)
     names += [f"budget={b:g}" for b in budgets]
+    names += [f"peak-budget={b:g}" for b in peak_budgets]
     for peer in peers:
         if peer not in PEERS:
             raise ConfigurationError(f"unknown peer {peer!r}: choose from {', '.join(PEERS)}")
@@ -235,6 +241,8 @@ def make_variant(
         return optimize(copied, tuple(example_inputs), mode=name)
     if name.startswith("budget="):
         return optimize(copied, tuple(example_inputs), memory_budget=float(name.split("=", 1)[1]))
+    if name.startswith("peak-budget="):
+        return optimize(copied, tuple(example_inputs), peak_budget=float(name.split("=", 1)[1]))
     if name == "checkpoint":
         return checkpoint_blocks(copied)
     if name == "compile":

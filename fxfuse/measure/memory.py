@@ -20,25 +20,25 @@ import torch
 from torch import nn
 
 
-def _storage_key(t: torch.Tensor):
+def storage_key(t: torch.Tensor):
     storage = t.untyped_storage()
     if t.device.type == "meta":  # no data pointers on meta: the storage object itself is the identity
         return ("meta", storage._cdata, storage.nbytes())
     return (t.device.type, storage.data_ptr(), storage.nbytes())
 
 
-def _tensors(obj) -> list[torch.Tensor]:
+def tensors(obj) -> list[torch.Tensor]:
     leaves, _ = torch.utils._pytree.tree_flatten(obj)
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
 def saved_activation_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
     """Bytes of the distinct storages autograd keeps for backward during one forward."""
-    exclude = {_storage_key(t) for t in (*model.parameters(), *model.buffers(), *_tensors(inputs))}
+    exclude = {storage_key(t) for t in (*model.parameters(), *model.buffers(), *tensors(inputs))}
     seen: dict[tuple, int] = {}
 
     def pack(t: torch.Tensor):
-        key = _storage_key(t)
+        key = storage_key(t)
         if key not in exclude and key[1] != 0 and key[2] > 0:
             seen[key] = key[2]
         return t
@@ -133,7 +133,7 @@ def step_peak_bytes(step: Callable[[], None]) -> int | None:
 
 def train_step(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer | None = None) -> None:
     out = model(*inputs)
-    loss = sum(t.float().square().mean() for t in _tensors(out))
+    loss = sum(t.float().square().mean() for t in tensors(out))
     loss.backward()
     if optimizer is not None:
         optimizer.step()

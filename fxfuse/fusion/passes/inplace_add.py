@@ -5,7 +5,10 @@ traced graph allocates and fills a new activation where eager wrote over `out`. 
 output of a Conv→BN site rewritten without an activation is a fresh tensor that no
 backward keeps (the fused op saves only its input; its eager fallback, batch norm,
 saves its input too), so when the add is its only use, adding into it gives the
-same tensor as the out-of-place add. `runtime.add_into` checks the rest at run time.
+same tensor as the out-of-place add. The output of a plain BatchNorm2d module (the
+Conv→BN sites mode="fast" leaves to eager) is such a tensor too: batch norm's
+backward keeps its input and statistics, never its output. `runtime.add_into` checks
+the rest at run time.
 """
 
 from __future__ import annotations
@@ -13,18 +16,30 @@ from __future__ import annotations
 import operator
 
 import torch.fx as fx
+from torch import nn
 
 from ... import ops
 from .. import runtime
 from .context import PassContext
+from .matchers import has_hooks
 from .rewrite import replace_chain
 
 _ADDS = (operator.add, operator.iadd)
 
 
-def _fresh(node) -> bool:
-    """A Conv→BN (no activation) site output used only once."""
-    if not isinstance(node, fx.Node) or node.op != "call_function" or len(node.users) != 1:
+def plain_batch_norm(module) -> bool:
+    return (
+        isinstance(module, nn.BatchNorm2d) and type(module).forward is nn.BatchNorm2d.forward and not has_hooks(module)
+    )
+
+
+def _fresh(node, modules: dict) -> bool:
+    """A Conv→BN (no activation) site output, or a plain BatchNorm2d module's output, used only once."""
+    if not isinstance(node, fx.Node) or len(node.users) != 1:
+        return False
+    if node.op == "call_module":
+        return plain_batch_norm(modules.get(node.target))
+    if node.op != "call_function":
         return False
     if node.target is runtime.conv_bn_act_module:
         return len(node.args) >= 4 and node.args[3] == "none"
@@ -39,9 +54,9 @@ def run(ctx: PassContext) -> int:
         if node.op != "call_function" or node.target not in _ADDS or len(node.args) != 2 or node.kwargs:
             continue
         a, b = node.args
-        if _fresh(a):
+        if _fresh(a, ctx.modules):
             fresh, other = a, b
-        elif _fresh(b):  # IEEE addition commutes: other + fresh == fresh + other
+        elif _fresh(b, ctx.modules):  # IEEE addition commutes: other + fresh == fresh + other
             fresh, other = b, a
         else:
             continue

@@ -1,0 +1,160 @@
+"""One ranking of everything that trades recompute for memory, and what a prefix of it selects.
+
+Three kinds of entries, all costed in recompute FLOPs per byte freed:
+
+* an *upgrade*: a site recomputes its conv/linear (mode="memory" form) instead of only
+  pointwise work; worth the bytes it saves beyond the pointwise form;
+* a *region*: a block or run (passes/regions.py) keeps only its inputs and runs its
+  forward again in backward, its sites in pointwise form inside (a conv is recomputed
+  once, by the region, never again by its site); worth what its nodes keep beyond that;
+* a *link*: two consecutive chosen regions become one chain, so the second no longer
+  keeps its input; costs running the first again.
+
+Entries are sorted by FLOPs per byte, cheapest first; a link never comes before its two
+regions, and an upgrade ranked after a region that contains it is dropped (it would
+change nothing). A selection is a prefix of this one list: a tighter budget takes a
+longer prefix, so it never saves less.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from .region_costs import LinkCost, Profile, RegionCost
+from .report import FusedSite
+
+
+@dataclass
+class Candidate:
+    """An upgrade: `site` as mode="memory" fuses it, replacing the pointwise sites in `fallback`."""
+
+    site: FusedSite
+    fallback: list[FusedSite]
+    marginal_bytes: Optional[int]
+    flops_per_byte: Optional[float]
+    kind: str = "upgrade"
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+    def describe(self) -> str:
+        if self.flops_per_byte is None:
+            return "recompute cost unknown"
+        return f"{self.flops_per_byte:.0f} FLOP/B"
+
+
+@dataclass
+class RegionCandidate:
+    """A region or a link, from the meta-device profile."""
+
+    cost: Union[RegionCost, LinkCost]
+    kind: str  # "region" or "link"
+    flops_per_byte: float
+    sort_key: float = 0.0  # a link sorts after its two regions
+
+    @property
+    def name(self) -> str:
+        return self.cost.name if self.kind == "region" else f"{self.cost.first}→{self.cost.second}"
+
+    @property
+    def marginal_bytes(self) -> int:
+        return self.cost.freed_bytes
+
+    def describe(self) -> str:
+        return f"{self.flops_per_byte:.0f} FLOP/B"
+
+
+Entry = Union[Candidate, RegionCandidate]
+
+
+def site_in_region(site_modules: tuple[str, ...], region: RegionCost) -> bool:
+    """Whether a site (module paths, or 'scope:function') runs inside `region`."""
+    for name in site_modules:
+        scope = name.split(":", 1)[0] if ":" in name else name
+        if scope in region.modules:
+            return True
+        if region.kind == "block" and (scope == region.name or scope.startswith(region.name + ".")):
+            return True
+    return False
+
+
+def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
+    """Upgrades (already sorted by policy.candidates), regions and links in one list, cheapest per byte first."""
+    entries: list[Entry] = list(upgrades)
+    region_keys = {}
+    if profile is not None:
+        for cost in profile.regions:
+            if cost.freed_bytes > 0:
+                ratio = cost.flops / cost.freed_bytes
+                entries.append(RegionCandidate(cost, "region", ratio, ratio))
+                region_keys[cost.name] = ratio
+        for link in profile.links:
+            if link.freed_bytes > 0 and link.first in region_keys and link.second in region_keys:
+                ratio = link.flops / link.freed_bytes
+                key = max(ratio, region_keys[link.first], region_keys[link.second])
+                entries.append(RegionCandidate(link, "link", ratio, key))
+
+    def key(e: Entry):
+        if isinstance(e, Candidate):
+            unknown = e.flops_per_byte is None
+            return (unknown, e.flops_per_byte or 0.0, 0, -(e.marginal_bytes or 0))
+        return (False, e.sort_key, 1 if e.kind == "link" else 0, -e.marginal_bytes)
+
+    entries.sort(key=key)
+    ranked, regions_so_far = [], []
+    for e in entries:
+        if isinstance(e, Candidate) and any(site_in_region(e.site.modules, r) for r in regions_so_far):
+            continue
+        if isinstance(e, RegionCandidate) and e.kind == "region":
+            regions_so_far.append(e.cost)
+        ranked.append(e)
+    return ranked
+
+
+@dataclass
+class Selection:
+    """What a prefix of the ranking selects: the sites the passes may rewrite and the region groups."""
+
+    allowed: frozenset
+    fallback: set  # pointwise sites kept in place of an upgrade that was not taken (or is inside a region)
+    groups: tuple  # tuples of region names: one region, or a chain joined by links
+    upgrades: list[Candidate] = field(default_factory=list)  # the upgrades in effect
+    regions: list[RegionCandidate] = field(default_factory=list)
+    links: list[RegionCandidate] = field(default_factory=list)
+
+
+def _groups(regions: list[RegionCandidate], links: list[RegionCandidate], order: list[str]) -> tuple:
+    joined = {(link.cost.first, link.cost.second) for link in links}
+    names = [n for n in order if n in {r.cost.name for r in regions}]
+    groups: list[list[str]] = []
+    for name in names:
+        if groups and (groups[-1][-1], name) in joined:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    return tuple(tuple(g) for g in groups)
+
+
+def select(prefix: list[Entry], pointwise: list[FusedSite], region_order: list[str]) -> Selection:
+    regions = [e for e in prefix if isinstance(e, RegionCandidate) and e.kind == "region"]
+    links = [e for e in prefix if isinstance(e, RegionCandidate) and e.kind == "link"]
+    upgrades = [
+        e
+        for e in prefix
+        if isinstance(e, Candidate) and not any(site_in_region(e.site.modules, r.cost) for r in regions)
+    ]
+    taken = {name for c in upgrades for name in c.site.modules}
+    fallback = {p.modules for p in pointwise if not set(p.modules) & taken}
+    allowed = frozenset({c.site.modules for c in upgrades} | fallback)
+    return Selection(allowed, fallback, _groups(regions, links, region_order), upgrades, regions, links)
+
+
+def estimated_gain(selection: Selection) -> int:
+    """Bytes the selection frees beyond the pointwise-only form, by the per-site and per-region estimates."""
+    return (
+        sum(c.marginal_bytes or 0 for c in selection.upgrades)
+        + sum(r.marginal_bytes for r in selection.regions)
+        + sum(link.marginal_bytes for link in selection.links)
+    )

@@ -1,0 +1,114 @@
+"""What recomputing a region costs (forward FLOPs) and frees (bytes saved for backward), measured once.
+
+One forward of a meta-device copy, fused with pointwise sites only (what a chosen
+region runs inside), through an fx.Interpreter that notes for every node the FLOPs it
+runs (FlopCounterMode) and the storages autograd saves while it runs (the same unique
+storages `fxfuse.measure` counts). A region frees the storages saved only by its own
+nodes, less what it keeps: its inputs, where nothing else keeps them already.
+
+A *link* joins two consecutive regions into a chain: the second no longer keeps its
+input (the first one's output), which backward rebuilds by running the first again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..measure.memory import storage_key, tensors
+from .passes import regions as region_graph
+
+
+@dataclass
+class RegionCost:
+    name: str
+    kind: str  # "block" or "run"
+    modules: tuple[str, ...]
+    flops: int  # one forward of the region: the recompute
+    freed_bytes: int  # saved for backward without it, less what it keeps (its inputs)
+
+
+@dataclass
+class LinkCost:
+    first: str
+    second: str
+    flops: int  # running `first` again to rebuild `second`'s input
+    freed_bytes: int  # `second`'s input, no longer kept
+
+
+@dataclass
+class Profile:
+    regions: list[RegionCost]
+    links: list[LinkCost]
+    problems: dict[str, str]  # region name -> why it cannot be a region
+
+
+class _NodeRecorder(fx.Interpreter):
+    """Runs the graph, noting each node's FLOPs, the storages saved while it runs and its outputs."""
+
+    def __init__(self, module: nn.Module, graph: fx.Graph, exclude: set) -> None:
+        super().__init__(module, graph=graph)
+        self.exclude = exclude
+        self.current: Optional[fx.Node] = None
+        self.flops: dict[fx.Node, int] = {}
+        self.savers: dict[tuple, set] = {}
+        self.outputs: dict[fx.Node, list[tuple]] = {}
+        self.held: list[Any] = []  # every value stays alive, so no storage identity is reused
+
+    def pack(self, t: torch.Tensor):
+        key = storage_key(t)
+        if key not in self.exclude and key[2] > 0:
+            self.savers.setdefault(key, set()).add(self.current)
+        self.held.append(t)
+        return t
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current = n
+        with FlopCounterMode(display=False) as counter:
+            out = super().run_node(n)
+        self.flops[n] = counter.get_total_flops()
+        self.outputs[n] = [storage_key(t) for t in tensors(out)]
+        self.held.append(out)
+        return out
+
+
+def _bytes(keys) -> int:
+    return sum(k[2] for k in keys)
+
+
+def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profile:
+    """Costs of every region of `graph` (the pointwise-fused graph of `module`, both on the meta device)."""
+    exclude = {storage_key(t) for t in (*module.parameters(), *module.buffers(), *tensors(inputs))}
+    recorder = _NodeRecorder(module, graph, exclude)
+    with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
+        recorder.run(*inputs)
+    found = region_graph.find(graph, module)
+    everything = sum(len(r.nodes) for r in found)
+    saved_anywhere = set(recorder.savers)
+    costs, problems = [], {}
+    for region in found:
+        if region.problem is None and len(region.nodes) == everything:
+            region.problem = "it is the whole graph: its recompute would hold all of eager's activations at once"
+        if region.problem:
+            problems[region.name] = region.problem
+            continue
+        inside = set(region.nodes)
+        internal = {k for k, nodes in recorder.savers.items() if nodes <= inside}
+        kept = {k for n in region.inputs for k in recorder.outputs.get(n, ()) if k not in exclude}
+        freed = _bytes(internal - kept) - _bytes(kept - saved_anywhere)
+        flops = sum(recorder.flops.get(n, 0) for n in region.nodes)
+        costs.append(RegionCost(region.name, region.kind, region.modules, flops, freed))
+    by_name = {r.name: r for r in found}
+    links = []
+    for first, second in zip(costs, costs[1:]):
+        a, b = by_name[first.name], by_name[second.name]
+        if b.inputs != [a.output] or any(u not in b.nodes for u in a.output.users):
+            continue
+        freed = _bytes(k for k in set(recorder.outputs.get(a.output, ())) if k not in exclude)
+        links.append(LinkCost(first.name, second.name, first.flops, freed))
+    return Profile(costs, links, problems)

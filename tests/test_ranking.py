@@ -1,0 +1,55 @@
+"""fusion/ranking.py: one ranking of upgrades, regions and links; what a prefix selects."""
+
+from fxfuse.fusion import ranking
+from fxfuse.fusion.region_costs import LinkCost, Profile, RegionCost
+from fxfuse.fusion.report import FusedSite
+
+
+def _upgrade(conv, bn, ratio, marginal=100):
+    site = FusedSite((conv, bn), "conv2d→batch_norm2d", "none", "fxfuse::conv_bn_act")
+    pointwise = FusedSite((bn, "relu"), "batch_norm2d→relu", "relu", "fxfuse::batch_norm_act")
+    return ranking.Candidate(site, [pointwise], marginal, ratio), pointwise
+
+
+def _profile():
+    regions = [
+        RegionCost("a", "block", ("a.conv1", "a.bn1"), flops=1000, freed_bytes=100),  # 10 FLOP/B
+        RegionCost("b", "block", ("b.conv1", "b.bn1"), flops=4000, freed_bytes=100),  # 40 FLOP/B
+    ]
+    return Profile(regions, [LinkCost("a", "b", flops=1000, freed_bytes=200)], {})  # 5 FLOP/B
+
+
+def test_one_list_cheapest_first_and_a_link_after_its_regions():
+    inside_b, _ = _upgrade("b.conv1", "b.bn1", 20.0)
+    inside_a, _ = _upgrade("a.conv1", "a.bn1", 30.0)  # after region a: dropped
+    outside, _ = _upgrade("c.conv1", "c.bn1", 50.0)
+    ranked = ranking.rank([inside_b, inside_a, outside], _profile())
+    assert [e.name for e in ranked] == ["a", "b.conv1 + b.bn1", "b", "a→b", "c.conv1 + c.bn1"]
+
+
+def test_a_prefix_selects_pointwise_sites_inside_chosen_regions_and_chains_links():
+    inside_b, pointwise_b = _upgrade("b.conv1", "b.bn1", 20.0)
+    outside, pointwise_c = _upgrade("c.conv1", "c.bn1", 50.0)
+    ranked = ranking.rank([inside_b, outside], _profile())
+    order = ["a", "b"]
+    pointwise = [pointwise_b, pointwise_c]
+
+    two = ranking.select(ranked[:2], pointwise, order)  # region a, upgrade in b
+    assert two.groups == (("a",),)
+    assert ("b.conv1", "b.bn1") in two.allowed and ("c.bn1", "relu") in two.allowed
+
+    three = ranking.select(ranked[:3], pointwise, order)  # + region b: its upgrade no longer applies
+    assert three.groups == (("a",), ("b",))
+    assert ("b.conv1", "b.bn1") not in three.allowed and ("b.bn1", "relu") in three.allowed
+
+    four = ranking.select(ranked[:4], pointwise, order)  # + link a→b
+    assert four.groups == (("a", "b"),)
+    gains = [ranking.estimated_gain(ranking.select(ranked[:k], pointwise, order)) for k in range(len(ranked) + 1)]
+    assert gains == sorted(gains)
+
+
+def test_a_functional_site_belongs_to_its_blocks_scope():
+    region = RegionCost("layer1.0", "block", ("layer1.0.conv1",), 1, 1)
+    assert ranking.site_in_region(("layer1.0.conv1", "layer1.0:batch_norm"), region)
+    assert ranking.site_in_region(("layer1.0.sub:conv2d",), region)
+    assert not ranking.site_in_region(("layer1.01.conv1",), region)

@@ -1,0 +1,58 @@
+"""region_costs.profile: per-region recompute FLOPs and bytes freed, counted on the meta device."""
+
+import importlib
+
+import torch
+import torchvision
+from torch import nn
+
+from fxfuse import measure
+from fxfuse.fusion import region_costs
+
+optimize_module = importlib.import_module("fxfuse.fusion.optimize")
+
+
+def _profile(model: nn.Module, x: torch.Tensor) -> region_costs.Profile:
+    trial = measure.meta_copy(model)
+    optimize_module._run(trial, None, optimize_module.Options("fast"), install=True)
+    state = trial.__dict__["_fxfuse_state"]
+    return region_costs.profile(trial, state.fx_graphs[optimize_module._key(state)], measure.to_meta((x,)))
+
+
+def test_a_blocks_flops_are_its_convolutions():
+    x = torch.randn(2, 3, 64, 64)
+    profile = _profile(torchvision.models.resnet18(num_classes=10), x)
+    block = next(r for r in profile.regions if r.name == "layer1.1")
+    # two 3x3 convs, 64 -> 64 channels, on 2 x 16 x 16 outputs: 2 FLOPs per multiply-add
+    assert block.flops == 2 * (2 * 2 * 16 * 16 * 64 * 64 * 9)
+    assert block.kind == "block"
+
+
+def test_a_region_frees_what_only_its_nodes_keep_less_its_input():
+    x = torch.randn(2, 3, 64, 64)
+    profile = _profile(torchvision.models.resnet18(num_classes=10), x)
+    block = next(r for r in profile.regions if r.name == "layer1.1")
+    act = 2 * 64 * 16 * 16 * 4  # one float32 activation of layer1
+    stats = 2 * 2 * 64 * 4  # mean and inverse std of two batch norms
+    # Pointwise form keeps conv1's output (the BN→ReLU input), the BN→ReLU output (conv2's input)
+    # and conv2's output (bn2's input). The block's output is the next block's input, which
+    # that block keeps; its own input is this one's previous block's output: kept anyway.
+    assert block.freed_bytes == 3 * act + stats
+    stem = profile.regions[0]
+    assert stem.name == "conv1…maxpool" and stem.kind == "run" and stem.freed_bytes > 0
+
+
+def test_links_join_consecutive_regions_and_free_the_second_ones_input():
+    x = torch.randn(2, 3, 64, 64)
+    profile = _profile(torchvision.models.resnet18(num_classes=10), x)
+    link = next(k for k in profile.links if k.first == "layer1.0")
+    assert link.second == "layer1.1"
+    assert link.freed_bytes == 2 * 64 * 16 * 16 * 4
+    assert link.flops == next(r.flops for r in profile.regions if r.name == "layer1.0")
+
+
+def test_the_whole_graph_is_no_region():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3))
+    profile = _profile(model, torch.randn(2, 3, 16, 16))
+    assert profile.regions == [] and profile.links == []
+    assert any("whole graph" in why for why in profile.problems.values())

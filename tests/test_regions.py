@@ -1,0 +1,145 @@
+"""passes/regions.py and recompute.py: regions found in a fused graph, recomputed exactly, state updated once."""
+
+import copy
+import importlib
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from fxfuse import measure
+from fxfuse.fusion import recompute, tracing
+from fxfuse.fusion.passes import regions
+from fxfuse.testing import assert_equivalent
+
+optimize_module = importlib.import_module("fxfuse.fusion.optimize")
+
+RESNET18_REGIONS = ["conv1…maxpool"] + [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)] + ["avgpool…fc"]
+
+
+def _resnet18():
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(num_classes=10).double()
+
+
+def _recomputing(model: nn.Module, groups) -> nn.Module:
+    """`model` fused with pointwise sites only, recomputing the region `groups`."""
+    optimize_module._run(model, None, optimize_module.Options("fast", regions=tuple(groups)), install=True)
+    return model
+
+
+class DropoutBlock(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.drop = nn.Dropout(0.3)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c, momentum=None)
+
+    def forward(self, x):
+        out = self.drop(torch.relu(self.bn1(self.conv1(x))))
+        return torch.relu(self.bn2(self.conv2(out)) + x)
+
+
+def _dropout_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), DropoutBlock(), DropoutBlock(), nn.Flatten(), nn.LazyLinear(4))
+
+
+def test_finds_blocks_and_the_runs_between_them():
+    model = _resnet18()
+    found = regions.find(tracing.trace(model).graph, model)
+    assert [r.name for r in found] == RESNET18_REGIONS
+    assert all(r.problem is None for r in found)
+    block = next(r for r in found if r.name == "layer2.0")
+    assert block.kind == "block" and [n.name for n in block.inputs] == ["layer1_1_relu_1"]
+    assert "layer2.0.downsample.1" in block.modules
+    stem = found[0]
+    assert stem.kind == "run" and [n.name for n in stem.inputs] == ["x"] and stem.output.name == "maxpool"
+
+
+def test_a_region_with_two_outputs_is_refused():
+    class TwoOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return y, y.relu()
+
+    class Sum(nn.Module):
+        def forward(self, pair):
+            return pair[0] + pair[1]
+
+    model = nn.Sequential(TwoOut(), Sum())
+    found = regions.find(tracing.trace(model).graph, model)
+    assert found[0].name == "0" and "2 of its values are used after it" in found[0].problem
+
+
+def test_recomputed_regions_keep_only_their_inputs():
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    fast = _recomputing(_resnet18(), [])
+    every = _recomputing(_resnet18(), [(n,) for n in RESNET18_REGIONS[:-1]])
+    chained = _recomputing(_resnet18(), [tuple(RESNET18_REGIONS[:3])] + [(n,) for n in RESNET18_REGIONS[3:-1]])
+    fast_bytes, every_bytes, chained_bytes = (measure.saved_activation_bytes(m, (x,)) for m in (fast, every, chained))
+    assert every_bytes < fast_bytes / 3
+    assert chained_bytes < every_bytes
+    calls = [n.target.name for n in _graph(chained).nodes if isinstance(n.target, recompute.RegionCall)]
+    assert calls == ["conv1…maxpool+layer1.0+layer1.1"] + RESNET18_REGIONS[3:-1]
+
+
+def test_regions_and_chains_are_exact_in_float64():
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    groups = [("conv1…maxpool", "layer1.0", "layer1.1"), ("layer2.0",), ("layer3.0", "layer3.1"), ("layer4.1",)]
+    assert_equivalent(_resnet18(), _recomputing(_resnet18(), groups), x, dtype=torch.float64)
+
+
+def test_dropout_inside_a_region_draws_the_same_mask_in_the_recompute():
+    x = torch.randn(4, 3, 8, 8, dtype=torch.float64)
+    model = _dropout_net().double()
+    model(x)  # materialize the LazyLinear
+    optimized = _recomputing(copy.deepcopy(model), [("1", "2")])
+    assert any(isinstance(n.target, recompute.RegionCall) for n in _graph(optimized).nodes)
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_running_statistics_and_counters_are_updated_once_per_step():
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    eager, fused = _resnet18(), _recomputing(_resnet18(), [("layer1.0", "layer1.1"), ("layer2.0",)])
+    for _ in range(2):
+        for m in (eager, fused):
+            measure.train_step(m, (x,))
+    # A second update per step would move a running mean by about momentum × itself (10%).
+    for (name, a), (_, b) in zip(eager.named_buffers(), fused.named_buffers()):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), name
+    assert int(fused.layer1[0].bn1.num_batches_tracked) == 2
+
+
+def test_without_grad_a_region_runs_its_forward_once():
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    eager, fused = _resnet18().eval(), _recomputing(_resnet18(), [("layer1.0",)]).eval()
+    with torch.no_grad():
+        assert torch.allclose(eager(x), fused(x), rtol=1e-12, atol=1e-12)
+
+
+def test_the_recompute_swaps_buffers_back():
+    bn = nn.BatchNorm2d(3)
+    original = bn.running_mean
+    with recompute._buffers_swapped([bn]):
+        assert bn.running_mean is not original and torch.equal(bn.running_mean, original)
+        bn.running_mean.add_(1)
+    assert bn.running_mean is original and torch.equal(original, torch.zeros(3))
+
+
+def _graph(model):
+    state = model.__dict__["_fxfuse_state"]
+    return state.fx_graphs[optimize_module._key(state)]
+
+
+@pytest.mark.parametrize("group", [("layer1.0", "layer2.0"), ("nonexistent",)])
+def test_groups_that_are_no_chain_are_noted_and_left_alone(group):
+    model = _resnet18()
+    report = optimize_module._run(model, None, optimize_module.Options("fast", regions=(group,)), install=True)
+    assert any("not" in note and group[-1] in note for note in report.notes)
+    assert_equivalent(_resnet18(), model, torch.randn(2, 3, 64, 64, dtype=torch.float64), dtype=torch.float64)
