@@ -6,6 +6,18 @@ import torch.nn.functional as F
 
 from fxfuse.ops.checks import apply_activation
 
+# Every activation the fused ops take, with leaky_relu's negative slope: (act, act_param).
+ACTS = [
+    ("none", 0.0),
+    ("relu", 0.0),
+    ("relu6", 0.0),
+    ("leaky_relu", 0.1),
+    ("gelu", 0.0),
+    ("gelu_tanh", 0.0),
+    ("silu", 0.0),
+    ("hardswish", 0.0),
+]
+
 
 def conv_bn_act(
     input,

@@ -8,22 +8,13 @@ add only indexing and the per-channel reduction (tests/test_cuda.py, on a GPU).
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import ACTS
 
 from fxfuse import _extension
 from fxfuse.ops.checks import apply_activation
 
 pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 
-ACTS = [
-    ("none", 0.0),
-    ("relu", 0.0),
-    ("relu6", 0.0),
-    ("leaky_relu", 0.1),
-    ("gelu", 0.0),
-    ("gelu_tanh", 0.0),
-    ("silu", 0.0),
-    ("hardswish", 0.0),
-]
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 # float64 / float32: same formulas, only libm vs ATen's erf/exp/tanh and summation order differ.
 # half / bfloat16: z is rounded to the dtype before the activation on both sides; a value near

@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from reference import ACTS
 from torch import nn
 
 import fxfuse
@@ -28,16 +29,6 @@ needs_cuda_kernels = pytest.mark.skipif(
     HAS_GPU and not HAS_CUDA_KERNELS, reason="fxfuse._C was built without FXFUSE_CUDA=1: no CUDA kernels registered"
 )
 
-ACTS = [
-    ("none", 0.0),
-    ("relu", 0.0),
-    ("relu6", 0.0),
-    ("leaky_relu", 0.1),
-    ("gelu", 0.0),
-    ("gelu_tanh", 0.0),
-    ("silu", 0.0),
-    ("hardswish", 0.0),
-]
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 

@@ -123,7 +123,7 @@ def _update(running_mean, running_var, mean, var, count, momentum, batch_stats) 
     if batch_stats and running_mean is not None and running_var is not None:
         from .batch_norm import update_running_stats
 
-        update_running_stats(running_mean, running_var, mean, var * (count / max(count - 1, 1)), momentum)
+        update_running_stats(running_mean, running_var, mean, var * (count / (count - 1)), momentum)
 
 
 def compiled_conv_bn_act(
