@@ -17,11 +17,11 @@ import os
 import sys
 
 import torch
-from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from test_accuracy import FLOOR, errors  # noqa: E402
+from timm_zoo import without_dropout  # noqa: E402
 
 # (builder, batch) at 64x64: the draws.
 MODELS = {
@@ -35,10 +35,7 @@ def build(name, seed):
     make, batch = MODELS[name]
     torch.manual_seed(seed)
     model = make()
-    for m in model.modules():  # each run would draw its own dropout masks
-        if isinstance(m, nn.Dropout) or type(m).__name__ == "StochasticDepth":
-            m.p = 0.0
-    return model, torch.randn(batch, 3, 64, 64)
+    return without_dropout(model), torch.randn(batch, 3, 64, 64)
 
 
 def worst(errs):

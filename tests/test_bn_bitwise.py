@@ -74,6 +74,45 @@ def test_batch_norm_act_training_forward(shape, dtype, fmt, affine):
     assert_bitwise(var, want_var, "var")
 
 
+ACTS = {
+    "relu": F.relu,
+    "relu6": F.relu6,
+    "leaky_relu": lambda z: F.leaky_relu(z, 0.1),
+    "silu": F.silu,
+    "hardswish": F.hardswish,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+}
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("fmt", LAYOUTS, ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_batch_norm_act_activation_forward(act, dtype, fmt):
+    """The activation is eager's bit for bit too: same formula, ATen's own exp/erf/tanh (not
+    the faster inline polynomials the backward uses) and its FMA rounding. Without it a
+    SiLU output one ulp off decorrelates fxfuse's rounding from eager's in every later
+    layer: efficientnet_b0's gradients came out up to 2.4x eager's error against float64
+    instead of <= 1.5x (tests/test_accuracy.py). Eager's float32 GELU on a contiguous NCHW
+    tensor runs oneDNN's kernel, not ATen's; the reference there is ATen's (what eager runs
+    on channels_last, or with oneDNN off). ATen computes the last few elements of each
+    thread's chunk (less than two vectors) with its scalar formula (std::exp, std::tanh),
+    which can round differently; fxfuse runs the vector formula on every element, so the
+    check runs one thread on a shape without such a tail (21280 elements, a multiple of 32)."""
+    x = _input((32, 19, 5, 7), dtype, fmt)
+    w, b, rm, rv = _bn_args(19, dtype, True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.backends.mkldnn.flags(enabled=False):
+            want = ACTS[act](F.batch_norm(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5))
+        param = 0.1 if act == "leaky_relu" else 0.0
+        got = batch_norm_act(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5, act, param)
+    finally:
+        torch.set_num_threads(threads)
+    assert_bitwise(got, want, f"{act} output")
+
+
 @pytest.mark.parametrize("fmt", LAYOUTS, ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("shape", [(2, 5, 6, 6), (8, 16, 1, 1), (2, 24, 7, 7)], ids=lambda s: "x".join(map(str, s)))
 def test_conv_bn_relu_training_forward(shape, fmt):

@@ -83,6 +83,20 @@ ZOO: list[ZooModel] = [
     *_family("ViT", "vit_tiny_patch16_224", size=32, kwargs={"img_size": 32}, conv_bn=False),
 ]
 
+
+def without_dropout(model: nn.Module) -> nn.Module:
+    """Dropout off, for comparisons of runs that would each draw their own masks: dropout
+    modules, torchvision's StochasticDepth, timm's DropPath and the functional
+    `F.dropout(x, self.drop_rate)` of timm heads (ghostnet, rexnet, mnasnet)."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout) or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
+        for attr in ("drop_rate", "drop_prob"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+    return model
+
+
 BY_NAME: dict[str, ZooModel] = {m.name: m for m in ZOO}
 
 # What `make test` runs: BatchNormAct2d with SqueezeExcite and inplace SiLU (efficientnet_b0),

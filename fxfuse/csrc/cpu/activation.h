@@ -15,12 +15,16 @@
 //   silu       z / (1 + exp(-z))    dy * sig * (1 + z * (1 - sig))
 //   hardswish  z*min(max(z+3,0),6)/6  z <= -3 ? 0 : z >= 3 ? dy : dy*(z/3 + 1/2)
 //
-// Elementary functions (VMath): ATen's Vectorized exp/erf/tanh, except for float
-// in the AVX2 build, where exp and tanh are inline polynomial versions (Cephes
-// expf / tanhf, within ~2 ulp, same handling of NaN and +-inf) and erf is ATen's
-// own Abramowitz-Stegun formula on top of that exp. ATen's float versions call
-// out to SLEEF (tanh: ~4 ns per element here), which would make the backward,
-// which evaluates act'(z) twice, slower than eager.
+// Forward: ATen's own Vectorized exp/erf/tanh and its FMA rounding (mul_add), so the
+// output is eager's bit for bit (ATen's AVX2 and AVX-512 activation kernels round
+// alike; tests/test_bn_bitwise.py). A forward one ulp off would decorrelate fxfuse's
+// rounding from eager's in every later layer (tests/test_accuracy.py, efficientnet_b0).
+// Backward (VMath): ATen's functions, except for float in the AVX2 build, where exp
+// and tanh are inline polynomial versions (Cephes expf / tanhf, within ~2 ulp, same
+// handling of NaN and +-inf) and erf is ATen's own Abramowitz-Stegun formula on top
+// of that exp. ATen's float versions call out to SLEEF (tanh: ~4 ns per element
+// here), which would make the backward, which evaluates act'(z) twice, slower than
+// eager; its rounding differences there are smooth and small next to the BN sums'.
 //
 // Only vector versions exist: the kernels handle remainders with partial
 // (masked) loads and stores, so every element goes through the same formula.
@@ -131,6 +135,18 @@ struct VMath<float> {
 };
 #endif  // CPU_CAPABILITY_AVX2
 
+// a * b + c rounded as ATen's build of this capability rounds it: its AVX2 (and
+// AVX-512) kernels are compiled with FMA contraction, its baseline ones without.
+template <typename T>
+inline at::vec::Vectorized<T> mul_add(
+    const at::vec::Vectorized<T>& a, const at::vec::Vectorized<T>& b, const at::vec::Vectorized<T>& c) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return at::vec::fmadd(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 template <Act A, typename T>
 struct ActOp;
 
@@ -179,7 +195,7 @@ struct ActOp<Act::GELU, T> {
   using Vec = at::vec::Vectorized<T>;
   static Vec fwd(const Vec& z, T) {
     const Vec kAlpha(T(M_SQRT1_2));
-    return z * Vec(T(0.5)) * (Vec(T(1)) + VMath<T>::erf(z * kAlpha));
+    return z * Vec(T(0.5)) * (Vec(T(1)) + (z * kAlpha).erf());
   }
   static Vec bwd(const Vec& dy, const Vec& z, T) {
     const Vec kAlpha(T(M_SQRT1_2));
@@ -199,8 +215,8 @@ struct ActOp<Act::GELUTanh, T> {
     const Vec kBeta(T(M_SQRT2 * M_2_SQRTPI * 0.5));
     const Vec kKappa(T(0.044715));
     const Vec z_cube = z * z * z;
-    const Vec inner = kBeta * (z + kKappa * z_cube);
-    return Vec(T(0.5)) * z * (Vec(T(1)) + VMath<T>::tanh(inner));
+    const Vec inner = kBeta * mul_add(kKappa, z_cube, z);
+    return Vec(T(0.5)) * z * (Vec(T(1)) + inner.tanh());
   }
   static Vec bwd(const Vec& dy, const Vec& z, T) {
     const Vec kBeta(T(M_SQRT2 * M_2_SQRTPI * 0.5));
@@ -224,7 +240,7 @@ struct ActOp<Act::GELUTanh, T> {
 template <typename T>
 struct ActOp<Act::SiLU, T> {
   using Vec = at::vec::Vectorized<T>;
-  static Vec fwd(const Vec& z, T) { return z / (Vec(T(1)) + VMath<T>::exp(z.neg())); }
+  static Vec fwd(const Vec& z, T) { return z / (Vec(T(1)) + z.neg().exp()); }
   static Vec bwd(const Vec& dy, const Vec& z, T) {
     const Vec kOne(T(1));
     const Vec sigmoid = kOne / (kOne + VMath<T>::exp(z.neg()));
