@@ -69,6 +69,13 @@ def test_variant_names_and_errors():
         "compile(memory,composed)",
         "compile(auto,composed)",
     ]
+    # fxfuse's fastest form at a budget may be under torch.compile: compile each budget too
+    assert bench.parse_variants(["eager"], [0.5], ["compile-budget", "compile-fxfuse"]) == [
+        "eager",
+        "budget=0.5",
+        "compile-budget=0.5",
+        "compile(budget=0.5)",
+    ]
     with pytest.raises(ConfigurationError, match="give --modes memory"):
         bench.parse_variants(["eager"], [], ["compile-fxfuse"])
     with pytest.raises(ConfigurationError, match="unknown mode"):

@@ -68,7 +68,8 @@ def register(subparsers) -> None:
         help=f"peers to compare against: {', '.join(bench.PEERS)} "
         "(checkpoint: torch.utils.checkpoint on each top-level block; compile-budget: "
         "torch.compile with activation_memory_budget at each --budget; compile-fxfuse: "
-        "torch.compile(fxfuse.optimize(model, mode=M)) for each --modes M; compile-fxfuse-composed: the same "
+        "torch.compile(fxfuse.optimize(model, mode=M)) for each --modes M and "
+        "torch.compile(fxfuse.optimize(model, memory_budget=B)) for each --budget B; compile-fxfuse-composed: the same "
         "with fxfuse.ops.compiled.enabled, the fused ops as ATen compositions inductor fuses)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed train steps per variant (default: 5)")

@@ -50,6 +50,10 @@ class RegionCall:
     def owner(self, components: Sequence[Any]) -> types.SimpleNamespace:
         return types.SimpleNamespace(**dict(zip(self.component_names, components)))
 
+    # Under torch.compile a region runs as it does eagerly, between compiled graphs: dynamo
+    # takes no context_fn but a selective-checkpoint one (so no buffer swap), and a plain
+    # checkpoint left the running statistics updated twice.
+    @torch.compiler.disable
     def __call__(self, components: Sequence[Any], *inputs: Any) -> Any:
         owner = self.owner(components)
         if not torch.is_grad_enabled():

@@ -16,7 +16,8 @@ activation_memory_budget=0.7, its knapsack over which activations to recompute);
 fxfuse under torch.compile, for each fxfuse mode M run: "compile(M)"
 (`torch.compile(fxfuse.optimize(model, mode=M))`, the fused ops as opaque calls) and,
 with the peer "compile-fxfuse-composed", "compile(M,composed)" (the same with
-fxfuse.ops.compiled.enabled: ATen compositions under a selective-checkpoint policy).
+fxfuse.ops.compiled.enabled: ATen compositions under a selective-checkpoint policy); the
+same for each fxfuse budget B: "compile(budget=B)", "compile(budget=B,composed)".
 """
 
 from __future__ import annotations
@@ -196,10 +197,13 @@ def parse_variants(
             names += [f"compile-budget={b:g}" for b in budgets]
         elif peer.startswith("compile-fxfuse"):
             fxfuse_modes = [m for m in modes if m in MODES]
-            if not fxfuse_modes:
-                raise ConfigurationError(f"{peer} compiles fxfuse's modes: give --modes memory (or fast, auto) too")
+            if not fxfuse_modes and not budgets:
+                raise ConfigurationError(
+                    f"{peer} compiles fxfuse's modes and budgets: give --modes memory (or fast, auto) or --budget too"
+                )
             suffix = ",composed" if peer == "compile-fxfuse-composed" else ""
             names += [f"compile({m}{suffix})" for m in fxfuse_modes]
+            names += [f"compile(budget={b:g}{suffix})" for b in budgets]
         else:
             names.append(peer)
     return names
@@ -251,8 +255,12 @@ def make_variant(
         return BudgetCompiled(copied, float(name.split("=", 1)[1]))
     if name.startswith("compile(") and name.endswith(")"):
         mode, composed = _compiled_fxfuse_mode(name)
+        optimized = None
         if mode in MODES:
             optimized = optimize(copied, tuple(example_inputs), mode=mode)
+        elif mode.startswith("budget="):
+            optimized = optimize(copied, tuple(example_inputs), memory_budget=float(mode.split("=", 1)[1]))
+        if optimized is not None:
             return ComposedCompiled(optimized) if composed else torch.compile(optimized)
     raise ConfigurationError(f"unknown variant {name!r}")
 
