@@ -28,11 +28,12 @@ within 1.5x now that the activation forward is eager's bit for bit too.
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import math
 
 import pytest
 import torch
+from threads import intra_op_threads
 from timm_zoo import FAST, ZOO, without_dropout
 from torch import nn
 
@@ -59,16 +60,6 @@ def _run(model, x, dy, autocast=False):
     return res
 
 
-@contextlib.contextmanager
-def _threads(n):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def errors(model, x, mode="memory", autocast=False, channels_last=False, seed=0, eager_threads=(1, 2)):
     """{tensor: (eager error, fxfuse error)} against the float64 eager run.
 
@@ -89,7 +80,7 @@ def errors(model, x, mode="memory", autocast=False, channels_last=False, seed=0,
     ref = _run(copy.deepcopy(model).double(), x.double(), dy)
     eagers = []
     for n in eager_threads:
-        with _threads(n):
+        with intra_op_threads(n):
             eagers.append(_run(copy.deepcopy(model), x, dy.float(), autocast))
     fused_model = fxfuse.optimize(copy.deepcopy(model), mode=mode)
     assert fused_model.fxfuse_report.fused, "nothing fused: the check would compare eager with eager"
@@ -117,6 +108,18 @@ def as_accurate(eager_err, fxfuse_err, floor=FLOOR):
     about, and the ratio of two noise draws scatters: eager's own 2-thread run was 0.7-4x
     its 1-thread run on rexnet_100's SE biases. Such tensors may be 4x."""
     return fxfuse_err <= (4 if eager_err > 1 else 2) * eager_err + floor
+
+
+def summarize(errs):
+    """(worst ratio fxfuse / eager error, its tensor, the tensors not as_accurate, geometric
+    mean of the ratios) for benchmarks/accuracy_*.py. An eager error below FLOOR counts as
+    FLOOR in the ratio; the mean is over the tensors eager gets wrong by more than FLOOR
+    (below it both are exact or nearly)."""
+    ratios = {n: f / max(e, FLOOR) for n, (e, f) in errs.items()}
+    worst = max(ratios, key=ratios.get)
+    failing = [n for n, (e, f) in errs.items() if not as_accurate(e, f)]
+    logs = [math.log(f / e) for e, f in errs.values() if e > FLOOR and f > 0]
+    return ratios[worst], worst, failing, math.exp(sum(logs) / len(logs)) if logs else float("nan")
 
 
 def assert_as_accurate(errs, floor=FLOOR):

@@ -14,8 +14,10 @@ from __future__ import annotations
 import copy
 
 import pytest
+import reference
 import torch
 import torch.nn.functional as F
+from reference import ACTS
 from torch import nn
 
 import fxfuse
@@ -74,21 +76,11 @@ def test_batch_norm_act_training_forward(shape, dtype, fmt, affine):
     assert_bitwise(var, want_var, "var")
 
 
-ACTS = {
-    "relu": F.relu,
-    "relu6": F.relu6,
-    "leaky_relu": lambda z: F.leaky_relu(z, 0.1),
-    "silu": F.silu,
-    "hardswish": F.hardswish,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
-}
-
-
-@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("act,act_param", [a for a in ACTS if a[0] != "none"])
 @pytest.mark.parametrize("fmt", LAYOUTS, ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
-def test_batch_norm_act_activation_forward(act, dtype, fmt):
+def test_batch_norm_act_activation_forward(act, act_param, dtype, fmt):
     """The activation is eager's bit for bit too: same formula, ATen's own exp/erf/tanh (not
     the faster inline polynomials the backward uses) and its FMA rounding. Without it a
     SiLU output one ulp off decorrelates fxfuse's rounding from eager's in every later
@@ -101,15 +93,9 @@ def test_batch_norm_act_activation_forward(act, dtype, fmt):
     check runs one thread on a shape without such a tail (21280 elements, a multiple of 32)."""
     x = _input((32, 19, 5, 7), dtype, fmt)
     w, b, rm, rv = _bn_args(19, dtype, True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.backends.mkldnn.flags(enabled=False):
-            want = ACTS[act](F.batch_norm(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5))
-        param = 0.1 if act == "leaky_relu" else 0.0
-        got = batch_norm_act(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5, act, param)
-    finally:
-        torch.set_num_threads(threads)
+    with torch.backends.mkldnn.flags(enabled=False):
+        want = reference.batch_norm_act(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5, act, act_param)
+    got = batch_norm_act(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5, act, act_param)
     assert_bitwise(got, want, f"{act} output")
 
 

@@ -34,16 +34,6 @@ DTYPES = [torch.float32, torch.float64]
 ACT_PARAMS = {"leaky_relu": 0.2}
 
 
-@pytest.fixture
-def one_thread():
-    """For tests that run hundreds of tiny ops (gradcheck, opcheck): intra-op threads
-    only add fork/join latency there, which dominates on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # float32: ATen's own spread between the CPU capabilities it can pick. Measured with
 # torch 2.14.1 on an AVX-512 CPU, ATEN_CPU_CAPABILITY=default/avx2/avx512, over
 # randn(3, 5, 41, 57) * 4 and 200001 points of [-12, 12] (dense non-contiguous input, so

@@ -15,7 +15,7 @@
 //   silu       z / (1 + exp(-z))    dy * sig * (1 + z * (1 - sig))
 //   hardswish  z*min(max(z+3,0),6)/6  z <= -3 ? 0 : z >= 3 ? dy : dy*(z/3 + 1/2)
 //
-// Forward: ATen's own Vectorized exp/erf/tanh and its FMA rounding (mul_add), so the
+// Forward: ATen's own Vectorized exp/erf/tanh and its FMA rounding (fma_rounding.h), so the
 // output is eager's bit for bit (ATen's AVX2 and AVX-512 activation kernels round
 // alike; tests/test_bn_bitwise.py). A forward one ulp off would decorrelate fxfuse's
 // rounding from eager's in every later layer (tests/test_accuracy.py, efficientnet_b0).
@@ -39,6 +39,7 @@
 #endif
 
 #include "../bn_act.h"
+#include "fma_rounding.h"
 
 #ifndef CPU_CAPABILITY
 #error "activation.h must be included with CPU_CAPABILITY defined (see bn_act_kernel_impl.h)"
@@ -135,18 +136,6 @@ struct VMath<float> {
 };
 #endif  // CPU_CAPABILITY_AVX2
 
-// a * b + c rounded as ATen's build of this capability rounds it: its AVX2 (and
-// AVX-512) kernels are compiled with FMA contraction, its baseline ones without.
-template <typename T>
-inline at::vec::Vectorized<T> mul_add(
-    const at::vec::Vectorized<T>& a, const at::vec::Vectorized<T>& b, const at::vec::Vectorized<T>& c) {
-#if defined(CPU_CAPABILITY_AVX2)
-  return at::vec::fmadd(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-
 template <Act A, typename T>
 struct ActOp;
 
@@ -215,7 +204,7 @@ struct ActOp<Act::GELUTanh, T> {
     const Vec kBeta(T(M_SQRT2 * M_2_SQRTPI * 0.5));
     const Vec kKappa(T(0.044715));
     const Vec z_cube = z * z * z;
-    const Vec inner = kBeta * mul_add(kKappa, z_cube, z);
+    const Vec inner = kBeta * madd(kKappa, z_cube, z);
     return Vec(T(0.5)) * z * (Vec(T(1)) + inner.tanh());
   }
   static Vec bwd(const Vec& dy, const Vec& z, T) {

@@ -166,11 +166,7 @@ inline Vectorized<T> mul_rounded(const Vectorized<T>& a, const Vectorized<T>& b)
 // compiled with FMA contraction (one rounding), its baseline build has no FMA (two).
 template <typename T>
 inline Vectorized<T> bn_z(const Vectorized<T>& x, const Vectorized<T>& alpha, const Vectorized<T>& beta) {
-#if defined(CPU_CAPABILITY_AVX2)
-  return at::vec::fmadd(x, alpha, beta);
-#else
-  return x * alpha + beta;
-#endif
+  return madd(x, alpha, beta);
 }
 
 // beta = bias - mean * alpha, rounded as ATen's scalar code of the same capability does.

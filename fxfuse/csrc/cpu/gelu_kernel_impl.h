@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fma_rounding.h"
 #include "gelu_kernel.h"
 
 namespace fxfuse::cpu::CPU_CAPABILITY {
@@ -60,43 +61,6 @@ inline int64_t forward_grain(int64_t n) {
 
 // GeluBackwardKernelImpl uses cpu_kernel_vec's default grain.
 constexpr int64_t kBackwardGrain = at::internal::GRAIN_SIZE;
-
-// a * b + c and c - a * b, fused where ATen's AVX2 build fuses them.
-template <typename T>
-inline Vectorized<T> madd(const Vectorized<T>& a, const Vectorized<T>& b, const Vectorized<T>& c) {
-#if defined(CPU_CAPABILITY_AVX2)
-  return at::vec::fmadd(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-
-template <typename T>
-inline Vectorized<T> nmadd(const Vectorized<T>& a, const Vectorized<T>& b, const Vectorized<T>& c) {
-#if defined(CPU_CAPABILITY_AVX2)
-  return at::vec::fnmadd(a, b, c);
-#else
-  return c - a * b;
-#endif
-}
-
-template <typename T>
-inline T madd(T a, T b, T c) {
-#if defined(CPU_CAPABILITY_AVX2)
-  return std::fma(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-
-template <typename T>
-inline T nmadd(T a, T b, T c) {
-#if defined(CPU_CAPABILITY_AVX2)
-  return std::fma(-a, b, c);
-#else
-  return c - a * b;
-#endif
-}
 
 // Constants as ATen spells them (computed in double, rounded once to T).
 template <typename T>
