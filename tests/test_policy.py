@@ -175,16 +175,40 @@ def test_budget_selection_is_exact(budget):
 def test_auto_recomputes_only_cheap_layers():
     x = torch.randn(2, 3, 16, 16)
     model = fxfuse.optimize(_mixed(), x, mode="auto")
-    recomputed = {s.modules[0] for s in model.fxfuse_report.fused if s.op == "fxfuse::conv_bn_act"}
-    # depthwise 3x3: 4.5 FLOP/B, 1x1 from 16 channels: 8 FLOP/B, first 3x3 from 3 channels: 13.5 FLOP/B;
-    # the dense 3x3 from 32 channels costs 144 FLOP/B.
-    assert recomputed == {"0", "3", "6"}
-    pointwise = {s.modules for s in model.fxfuse_report.fused if s.op == "fxfuse::batch_norm_act"}
+    report = model.fxfuse_report
+    # Each BN→act of the first three sites feeds one conv, so it is merged into that conv
+    # (fxfuse::bn_act_conv), which keeps only the BN input: recomputing the first three convs
+    # would keep their inputs instead, of the same size, for nothing.
+    assert {s.modules[0] for s in report.fused if s.op == "fxfuse::conv_bn_act"} == set()
+    merged = {s.modules for s in report.fused if s.op == "fxfuse::bn_act_conv"}
+    assert merged == {("1", "2"), ("4", "5"), ("7", "8")}
+    pointwise = {s.modules for s in report.fused if s.op == "fxfuse::batch_norm_act"}
     assert pointwise == {("10", "11")}
-    assert any(s.modules[0] == "9" and "auto limit" in s.reason for s in model.fxfuse_report.skipped)
-    assert model.fxfuse_report.mode == "auto"
+    # The last site's output goes to the pool: recomputing its dense 3x3 from 32 channels
+    # would free its output, at 144 FLOP/B, above the auto limit.
+    assert any(s.modules[0] == "9" and "auto limit" in s.reason for s in report.skipped)
+    assert report.mode == "auto"
     # float64: in float32 a ReLU input within rounding of 0 can flip the kink in either model.
     assert_equivalent(_mixed(), model, x, dtype=torch.float64)
+
+
+def test_auto_recomputes_cheap_layers_whose_output_is_kept():
+    """A depthwise Conv→BN whose output feeds a residual add (not a conv) is recomputed."""
+    torch.manual_seed(0)
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16)
+
+        def forward(self, x):
+            return self.bn(self.conv(x)) + x
+
+    x = torch.randn(2, 16, 8, 8)
+    eager = Residual()
+    model = fxfuse.optimize(copy.deepcopy(eager), x, mode="auto")
+    assert [s.op for s in model.fxfuse_report.fused] == ["fxfuse::conv_bn_act"]
+    assert_equivalent(eager, model, x, dtype=torch.float64)
 
 
 def test_auto_needs_no_example_inputs():

@@ -1,5 +1,7 @@
 """fusion/ranking.py: one ranking of upgrades, regions and links; what a prefix selects."""
 
+import pytest
+
 from fxfuse.fusion import ranking
 from fxfuse.fusion.region_costs import LinkCost, Profile, RegionCost
 from fxfuse.fusion.report import FusedSite
@@ -19,7 +21,13 @@ def _profile():
     return Profile(regions, [LinkCost("a", "b", flops=1000, freed_bytes=200)], {})  # 5 FLOP/B
 
 
-def test_one_list_cheapest_first_and_a_link_after_its_regions():
+@pytest.fixture
+def unweighted(monkeypatch):
+    """Regions costed by their FLOPs alone, as the per-site upgrades are (the ordering logic)."""
+    monkeypatch.setattr(ranking, "REGION_FLOP_COST", 1.0)
+
+
+def test_one_list_cheapest_first_and_a_link_after_its_regions(unweighted):
     inside_b, _ = _upgrade("b.conv1", "b.bn1", 20.0)
     inside_a, _ = _upgrade("a.conv1", "a.bn1", 30.0)  # after region a: dropped
     outside, _ = _upgrade("c.conv1", "c.bn1", 50.0)
@@ -27,7 +35,7 @@ def test_one_list_cheapest_first_and_a_link_after_its_regions():
     assert [e.name for e in ranked] == ["a", "b.conv1 + b.bn1", "b", "a→b", "c.conv1 + c.bn1"]
 
 
-def test_a_prefix_selects_pointwise_sites_inside_chosen_regions_and_chains_links():
+def test_a_prefix_selects_pointwise_sites_inside_chosen_regions_and_chains_links(unweighted):
     inside_b, pointwise_b = _upgrade("b.conv1", "b.bn1", 20.0)
     outside, pointwise_c = _upgrade("c.conv1", "c.bn1", 50.0)
     ranked = ranking.rank([inside_b, outside], _profile())
@@ -53,3 +61,12 @@ def test_a_functional_site_belongs_to_its_blocks_scope():
     assert ranking.site_in_region(("layer1.0.conv1", "layer1.0:batch_norm"), region)
     assert ranking.site_in_region(("layer1.0.sub:conv2d",), region)
     assert not ranking.site_in_region(("layer1.01.conv1",), region)
+
+
+def test_region_flops_weigh_more_than_a_sites():
+    """A region's recompute FLOP costs REGION_FLOP_COST times a site's (measured): region "a"
+    at 10 FLOP/B ranks after an upgrade at 20 FLOP/B, and the displayed ratio stays its own."""
+    upgrade, _ = _upgrade("c.conv1", "c.bn1", 20.0)
+    ranked = ranking.rank([upgrade], _profile())
+    assert [e.name for e in ranked][:2] == ["c.conv1 + c.bn1", "a"]
+    assert ranked[1].describe() == "10 FLOP/B"

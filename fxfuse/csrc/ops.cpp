@@ -65,6 +65,26 @@ TORCH_LIBRARY(fxfuse, m) {
       "float act_param, bool[5] output_mask) "
       "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias, "
       "Tensor grad_bn_weight, Tensor grad_bn_bias)");
+  // BatchNorm2d -> activation -> Conv2d (-> BatchNorm2d -> activation with `epilogue`) that
+  // keeps only the first BN's input: backward rebuilds the conv input (and, with the
+  // epilogue, the conv output). in_*: the first BN's statistics; mean/var/unbiased_var: the
+  // second's (empty without the epilogue).
+  m.def(
+      "bn_act_conv(Tensor input, Tensor? in_weight, Tensor? in_bias, Tensor? in_running_mean, "
+      "Tensor? in_running_var, bool in_batch_stats, float in_eps, str in_act, float in_act_param, "
+      "Tensor weight, Tensor? bias, int[2] stride, int[2] padding, int[2] dilation, int groups, "
+      "bool epilogue, Tensor? bn_weight, Tensor? bn_bias, Tensor? running_mean, "
+      "Tensor? running_var, bool batch_stats, float eps, str act, float act_param) "
+      "-> (Tensor out, Tensor in_mean, Tensor in_var, Tensor in_unbiased_var, Tensor mean, "
+      "Tensor var, Tensor unbiased_var)");
+  m.def(
+      "bn_act_conv_backward(Tensor grad_out, Tensor input, Tensor? in_weight, Tensor? in_bias, "
+      "Tensor in_mean, Tensor in_var, bool in_batch_stats, float in_eps, str in_act, "
+      "float in_act_param, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups, bool epilogue, Tensor? bn_weight, Tensor? bn_bias, "
+      "Tensor mean, Tensor var, bool batch_stats, float eps, str act, float act_param, "
+      "bool[7] output_mask) -> (Tensor grad_input, Tensor grad_in_weight, Tensor grad_in_bias, "
+      "Tensor grad_weight, Tensor grad_bias, Tensor grad_bn_weight, Tensor grad_bn_bias)");
   // F.gelu and aten::gelu_backward (approximate: "none" or "tanh").
   m.def(kGelu);
   m.def(kGeluBackward);

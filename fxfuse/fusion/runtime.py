@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
-from ..ops.checks import apply_activation, kernels_apply, layer_kernels_apply
+from ..ops.checks import apply_activation, autocast_on, conv_geometry, kernels_apply, layer_kernels_apply
 from .passes.known_modules import is_conv2d_same, is_norm_act, pad_same
 
 
@@ -141,6 +141,52 @@ def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> 
     return ops.batch_norm_act(
         x, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param
     )
+
+
+def bn_act_conv_module(
+    y: Tensor,
+    bn: nn.BatchNorm2d,
+    act: str,
+    act_param: float,
+    conv: nn.Conv2d,
+    out_bn: Optional[nn.BatchNorm2d] = None,
+    out_act: str = "none",
+    out_act_param: float = 0.0,
+) -> Tensor:
+    """`conv(act(bn(y)))`, or with `out_bn` `out_act(out_bn(conv(act(bn(y)))))`, keeping only `y`
+    and the statistics for backward (passes/bn_act_conv.py). Calls the fused op cannot serve
+    exactly run the sites it merges, each as it would run alone."""
+    params = _bn_tensors(out_bn) if out_bn is not None else ()
+    if not (
+        kernels_apply(y, _bn_tensors(bn))
+        and not autocast_on(y.device.type)
+        and y.shape[1] == bn.num_features == conv.in_channels
+        and layer_kernels_apply(y, (conv.weight, conv.bias), params)
+        and (out_bn is None or out_bn.num_features == conv.out_channels)
+        and conv_geometry(y, conv.weight, conv.stride, conv.padding, conv.dilation) is not None
+    ):
+        x = bn_act_module(y, bn, act, act_param)
+        return conv(x) if out_bn is None else conv_bn_act_module(x, conv, out_bn, out_act, out_act_param)
+    running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
+    second = {}
+    if out_bn is not None:
+        out_mean, out_var, out_batch_stats, out_momentum = bn_call_config(out_bn)
+        second = dict(
+            epilogue=True,
+            running_mean=out_mean,
+            running_var=out_var,
+            bn_weight=out_bn.weight,
+            bn_bias=out_bn.bias,
+            training=out_batch_stats,
+            momentum=out_momentum,
+            eps=out_bn.eps,
+            act=out_act,
+            act_param=out_act_param,
+        )
+    return ops.bn_act_conv(
+        y, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
+        conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, **second,
+    )  # fmt: skip
 
 
 # fxfuse::gelu against F.gelu, forward + backward, CPU float32 (benchmarks/bench_gelu.py --only gelu),

@@ -17,6 +17,8 @@ from ..report import FusedSite, SkippedSite
 from .context import PassContext
 from .rewrite import replace_chain
 
+SITE_META = "fxfuse_site"  # node.meta key: the FusedSite a rewritten node reports (a later pass may merge it)
+
 
 @dataclass
 class Site:
@@ -58,9 +60,11 @@ class FusionPass:
                 continue
             if site.prepare is not None:
                 site.prepare()
-            replace_chain(ctx.graph, site.chain, site.build, also_replace=site.also_replace)
-            ctx.report.fused.append(
-                FusedSite(
+            last = site.chain[-1]
+            new = replace_chain(ctx.graph, site.chain, site.build, also_replace=site.also_replace)
+            if last in ctx.shapes:  # later passes read the rewritten node's shape
+                ctx.shapes[new] = ctx.shapes[last]
+            fused_site = FusedSite(
                     site.names,
                     site.pattern,
                     site.activation,
@@ -68,8 +72,9 @@ class FusionPass:
                     site.saved_bytes,
                     site.recompute_flops,
                     site.reason,
-                    ctx.mode,
-                )
+                ctx.mode,
             )
+            new.meta[SITE_META] = fused_site  # a later pass may merge the node and update its entry
+            ctx.report.fused.append(fused_site)
             fused += 1
         return fused

@@ -43,6 +43,8 @@ def _fresh(node, modules: dict) -> bool:
         return False
     if node.target is runtime.conv_bn_act_module:
         return len(node.args) >= 4 and node.args[3] == "none"
+    if node.target is runtime.bn_act_conv_module:
+        return len(node.args) == 8 and node.args[6] == "none"
     if node.target is ops.conv_bn_act:
         return not node.args and node.kwargs.get("act") == "none"
     return False

@@ -1,0 +1,236 @@
+"""The batch-norm → activation → conv family: `bn_act_conv`, fxfuse::bn_act_conv(_backward).
+
+`bn_act_conv(...)` computes exactly `F.conv2d(act(F.batch_norm(input, ...)), ...)`,
+updating running statistics the same way, but keeps only the BN input and its
+per-channel statistics for backward: the activation output, which the conv keeps in
+eager for its weight gradient, is rebuilt in backward by one pointwise pass (the same
+fxfuse::bn_act kernel, so the same bits). With `epilogue=True` a second BatchNorm2d (→
+activation) follows the conv, and backward recomputes the convolution too, as
+conv_bn_act's does: the op then keeps the first BN's input in place of the conv input.
+
+So a BN→act whose output feeds one conv and nothing else costs its output in no
+backward: in a ResNet bottleneck, eager keeps each BN input *and* each ReLU output,
+these ops keep only the BN inputs, and only the convs whose output would otherwise be
+kept (before a residual add) are recomputed.
+
+The op runs outside autocast only (its wrappers give autocast calls the unfused
+composition, which is exact); every call the fused kernels cannot serve exactly runs
+`batch_norm_act` and then the conv (or `conv_bn_act`), which fall back to eager.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.flop_counter import conv_flop_count, flop_registry, register_flop_formula
+
+from . import compiled
+from .batch_norm import batch_norm_act, batch_ok, update_running_stats
+from .checks import (
+    IntPair,
+    autocast_on,
+    check_act,
+    conv_backward_meta,
+    conv_geometry,
+    conv_meta,
+    int_pair,
+    kernels_apply,
+    layer_dtype,
+    stats_like,
+)
+from .conv_batch_norm import conv_bn_act
+
+__all__ = ["bn_act_conv"]
+
+
+def bn_act_conv(
+    input: Tensor,
+    in_running_mean: Optional[Tensor],
+    in_running_var: Optional[Tensor],
+    in_weight: Optional[Tensor],
+    in_bias: Optional[Tensor],
+    in_training: bool,
+    in_momentum: float,
+    in_eps: float,
+    in_act: str,
+    in_act_param: float,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: IntPair = 1,
+    padding: IntPair = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+    *,
+    epilogue: bool = False,
+    running_mean: Optional[Tensor] = None,
+    running_var: Optional[Tensor] = None,
+    bn_weight: Optional[Tensor] = None,
+    bn_bias: Optional[Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    act: str = "none",
+    act_param: float = 0.0,
+) -> Tensor:
+    """`F.conv2d(in_act(F.batch_norm(input, in_*...)), weight, ...)`, followed with `epilogue` by
+    `act(F.batch_norm(·, running_mean, ...))`; keeps only `input` and the statistics for backward.
+
+    Running statistics (both BNs') are updated in place when training and they are given.
+    """
+    check_act(in_act)
+    check_act(act)
+    in_params = (in_running_mean, in_running_var, in_weight, in_bias)
+    bn_params = (running_mean, running_var, bn_weight, bn_bias) if epilogue else ()
+    geometry = _geometry(input, in_params, weight, bias, stride, padding, dilation, groups, bn_params)
+    in_count = input.numel() // input.shape[1] if geometry else 0
+    count = input.shape[0] * geometry[4][0] * geometry[4][1] if geometry else 0
+    if (
+        geometry is None
+        or not (in_training or in_running_mean is not None)
+        or not (not epilogue or training or running_mean is not None)
+        or not batch_ok(in_count, in_training)
+        or (epilogue and not batch_ok(count, training))
+        or compiled.composing()
+    ):
+        x = batch_norm_act(
+            input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps,
+            in_act, in_act_param,
+        )  # fmt: skip
+        if not epilogue:
+            return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        return conv_bn_act(
+            x, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight, bn_bias,
+            training, momentum, eps, act, act_param,
+        )  # fmt: skip
+    _, stride, padding, dilation, _ = geometry
+    out, in_mean, _, in_unbiased_var, mean, _, unbiased_var = torch.ops.fxfuse.bn_act_conv(
+        input, in_weight, in_bias, in_running_mean, in_running_var, in_training, in_eps, in_act,
+        float(in_act_param), weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias,
+        running_mean, running_var, training, eps, act, float(act_param),
+    )  # fmt: skip
+    if in_training and in_running_mean is not None and in_running_var is not None:
+        update_running_stats(in_running_mean, in_running_var, in_mean, in_unbiased_var, in_momentum)
+    if epilogue and training and running_mean is not None and running_var is not None:
+        update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)
+    return out
+
+
+def _geometry(input, in_params, weight, bias, stride, padding, dilation, groups, bn_params):
+    """conv_geometry's (input, stride, padding, dilation, out_hw) where the fused op computes this
+    call exactly as eager would, else None. Padding must be numbers: padding="same" may pad the
+    conv input unevenly, which the op, convolving the BN output it computes, does not do."""
+    if not (
+        isinstance(weight, Tensor)
+        and kernels_apply(input, in_params)
+        and not autocast_on(input.device.type)
+        and weight.dim() == 4
+        and type(groups) is int
+        and groups > 0
+        and all(t is None or t.shape == (input.shape[1],) for t in in_params)
+        and input.shape[1] == weight.shape[1] * groups
+        and layer_dtype(input, (weight, bias)) == input.dtype
+        and (bias is None or bias.shape == (weight.shape[0],))
+        and (not bn_params or kernels_apply(input, bn_params))
+        and all(t is None or t.shape == (weight.shape[0],) for t in bn_params)
+        and int_pair(padding) is not None
+    ):
+        return None
+    return conv_geometry(input, weight, stride, padding, dilation)
+
+
+# --------------------------------------------------------------------------- fake kernels
+
+
+def _bn_act_conv_fake(
+    input, in_weight, in_bias, in_running_mean, in_running_var, in_batch_stats, in_eps, in_act, in_act_param,
+    weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, running_mean, running_var,
+    batch_stats, eps, act, act_param,
+):  # fmt: skip
+    y = conv_meta(torch.empty_like(input), weight, bias, stride, padding, dilation, groups)
+    if epilogue:
+        second = (stats_like(y), stats_like(y), stats_like(y))
+    else:
+        second = tuple(y.new_empty((0,), dtype=stats_like(y).dtype) for _ in range(3))
+    return (torch.empty_like(y), stats_like(input), stats_like(input), stats_like(input), *second)
+
+
+def _bn_act_conv_backward_fake(
+    grad_out, input, in_weight, in_bias, in_mean, in_var, in_batch_stats, in_eps, in_act, in_act_param, weight,
+    bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, mean, var, batch_stats, eps, act,
+    act_param, output_mask,
+):  # fmt: skip
+    _, grad_weight, grad_bias = conv_backward_meta(
+        torch.empty_like(input), weight, bias, stride, padding, dilation, groups,
+        [False, output_mask[3], output_mask[4]],
+    )  # fmt: skip
+
+    def like(t, needed):
+        return torch.empty_like(t) if needed and t is not None else None
+
+    return (
+        like(input, output_mask[0]),
+        like(in_weight, output_mask[1]),
+        like(in_bias, output_mask[2]),
+        grad_weight,
+        grad_bias,
+        like(bn_weight, epilogue and output_mask[5]),
+        like(bn_bias, epilogue and output_mask[6]),
+    )
+
+
+# --------------------------------------------------------------------------- autograd
+
+_IN_WEIGHT, _IN_BIAS, _WEIGHT, _BIAS, _BN_WEIGHT, _BN_BIAS = 1, 2, 9, 10, 16, 17
+
+
+def _setup(ctx, inputs, output):
+    (
+        input, in_weight, in_bias, _in_running_mean, _in_running_var, in_batch_stats, in_eps, in_act, in_act_param,
+        weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, _running_mean, _running_var,
+        batch_stats, eps, act, act_param,
+    ) = inputs  # fmt: skip
+    _, in_mean, in_var, _, mean, var, _ = output
+    # The BN input, weights and per-channel statistics: the activation output and (with the
+    # epilogue) the conv output are rebuilt in backward.
+    ctx.save_for_backward(input, in_weight, in_bias, in_mean, in_var, weight, bias, bn_weight, bn_bias, mean, var)
+    ctx.config = (
+        in_batch_stats, in_eps, in_act, in_act_param, stride, padding, dilation, groups, epilogue, batch_stats,
+        eps, act, act_param,
+    )  # fmt: skip
+
+
+def _backward(ctx, grad_out, *_grad_stats):
+    input, in_weight, in_bias, in_mean, in_var, weight, bias, bn_weight, bn_bias, mean, var = ctx.saved_tensors
+    (
+        in_batch_stats, in_eps, in_act, in_act_param, stride, padding, dilation, groups, epilogue, batch_stats,
+        eps, act, act_param,
+    ) = ctx.config  # fmt: skip
+    need = ctx.needs_input_grad
+    mask = [need[i] for i in (0, _IN_WEIGHT, _IN_BIAS, _WEIGHT, _BIAS, _BN_WEIGHT, _BN_BIAS)]
+    grads = torch.ops.fxfuse.bn_act_conv_backward(
+        grad_out, input, in_weight, in_bias, in_mean, in_var, in_batch_stats, in_eps, in_act, in_act_param,
+        weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, mean, var, batch_stats,
+        eps, act, act_param, mask,
+    )  # fmt: skip
+    result = [None] * 24
+    for index, grad in zip((0, _IN_WEIGHT, _IN_BIAS, _WEIGHT, _BIAS, _BN_WEIGHT, _BN_BIAS), grads):
+        result[index] = grad
+    return tuple(result)
+
+
+def _forward_flops(input_shape, _in_weight, _in_bias, _in_mean, _in_var, _in_batch_stats, _in_eps, _in_act,
+                   _in_act_param, weight_shape, *args, out_shape=None, **kwargs) -> int:  # fmt: skip
+    """The convolution's FLOPs (FlopCounterMode; recompute regions are costed with it)."""
+    return conv_flop_count(input_shape, weight_shape, out_shape[0])
+
+
+def register() -> None:
+    """Fake kernels, autograd and FLOP count of this family's ops (fxfuse._C defines the ops)."""
+    if torch.ops.fxfuse.bn_act_conv not in flop_registry:
+        register_flop_formula(torch.ops.fxfuse.bn_act_conv)(_forward_flops)
+    torch.library.register_fake("fxfuse::bn_act_conv", _bn_act_conv_fake)
+    torch.library.register_fake("fxfuse::bn_act_conv_backward", _bn_act_conv_backward_fake)
+    torch.library.register_autograd("fxfuse::bn_act_conv", _backward, setup_context=_setup)
