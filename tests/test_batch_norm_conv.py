@@ -165,7 +165,9 @@ def test_unknown_activation():
     x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
     for in_act, act in (("swish", "none"), ("relu", "swish")):
         with pytest.raises(ValueError, match="unknown activation"):
-            bn_act_conv(x, None, None, None, None, True, 0.1, 1e-5, in_act, 0.0, w, epilogue=True, training=True, act=act)
+            bn_act_conv(
+                x, None, None, None, None, True, 0.1, 1e-5, in_act, 0.0, w, epilogue=True, training=True, act=act
+            )
 
 
 def test_padding_same_runs_the_composition():

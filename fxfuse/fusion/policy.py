@@ -116,7 +116,8 @@ def candidates(model: nn.Module, memory: FusionReport, fast: FusionReport) -> tu
         marginal = None
         if site.saved_bytes is not None and all(p.saved_bytes is not None for p in fallback):
             marginal = site.saved_bytes - sum(p.saved_bytes for p in fallback)
-        if (fallback and all(p.op == "fxfuse::bn_act_conv" for p in fallback)) or (marginal is not None and marginal <= 0):
+        merged = bool(fallback) and all(p.op == "fxfuse::bn_act_conv" for p in fallback)
+        if merged or (marginal is not None and marginal <= 0):
             # The pointwise form already frees as much: its BN→activation output is rebuilt by the
             # next conv (passes/bn_act_conv.py), which keeps an input of the same size.
             continue

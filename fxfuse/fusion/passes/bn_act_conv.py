@@ -28,7 +28,6 @@ from .known_modules import is_conv2d_same
 from .matchers import conv_module_problem
 
 
-
 def _plain_conv(module) -> bool:
     """A Conv2d the fused op convolves exactly: zero padding given as numbers, no subclass forward, no hooks."""
     return (

@@ -65,13 +65,13 @@ class FusionPass:
             if last in ctx.shapes:  # later passes read the rewritten node's shape
                 ctx.shapes[new] = ctx.shapes[last]
             fused_site = FusedSite(
-                    site.names,
-                    site.pattern,
-                    site.activation,
-                    site.op,
-                    site.saved_bytes,
-                    site.recompute_flops,
-                    site.reason,
+                site.names,
+                site.pattern,
+                site.activation,
+                site.op,
+                site.saved_bytes,
+                site.recompute_flops,
+                site.reason,
                 ctx.mode,
             )
             new.meta[SITE_META] = fused_site  # a later pass may merge the node and update its entry
