@@ -143,7 +143,9 @@ def test_report_says_which_mode_chose_each_site():
     memory, fast = fxfuse.explain(model, x), fxfuse.explain(model, x, mode="fast")
     assert [(s.op, s.mode) for s in memory.fused] == [("fxfuse::conv_bn_act", "memory"), ("fxfuse::conv_act", "memory")]
     assert "recomputes conv" in memory.fused[0].reason
-    assert [(s.op, s.mode) for s in fast.fused] == [("fxfuse::batch_norm_act", "fast")]
+    assert [(s.op, s.mode) for s in fast.fused] == [
+        ("fxfuse::bn_act_conv", "fast")
+    ]  # BN→act merged into the conv after it
     assert "no conv recompute" in fast.fused[0].reason
     for report in (memory, fast):
         table = str(report)
