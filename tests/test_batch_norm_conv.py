@@ -125,8 +125,42 @@ def test_only_the_bn_input_is_saved(epilogue):
     assert len(big) == 1 and big[0].data_ptr() == leaves["input"].data_ptr()
 
 
-def test_autocast_runs_the_unfused_composition():
-    """Under autocast the conv runs in bfloat16 as eager's would: the same values as eager."""
+@pytest.mark.parametrize("epilogue", [False, True], ids=["conv", "conv_bn"])
+def test_autocast_matches_eager_and_keeps_only_the_bn_input(epilogue):
+    """CPU bfloat16 autocast, a bfloat16 BN input (a conv output under autocast): the conv runs on
+    bfloat16 operands as eager's does, float32 parameters get float32 gradients."""
+    case = _case(torch.float32, torch.channels_last, c=8, k=8)
+    case["input"] = case["input"].to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, grads, stats = _run(True, case, "relu", epilogue, True)
+        ref, ref_grads, ref_stats = _run(False, case, "relu", epilogue, True)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    for name, g in ref_grads.items():
+        if g is None:
+            assert grads[name] is None, name
+            continue
+        assert grads[name].dtype == g.dtype, name
+        # atol: the conv bias before a training BN has a zero gradient in exact arithmetic (bf16 noise here)
+        torch.testing.assert_close(grads[name], g, rtol=5e-2, atol=5e-2, msg=name)
+    for a, b in zip(stats, ref_stats):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+    leaves = _leaves(case)
+    saved = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            bn_act_conv(
+                leaves["input"], None, None, leaves["in_weight"], leaves["in_bias"], True, 0.1, 1e-5, "relu", 0.0,
+                leaves["weight"], leaves["bias"], 1, 1, 1, 1, epilogue=epilogue, bn_weight=leaves.get("bn_weight"),
+                bn_bias=leaves.get("bn_bias"), training=True,
+            )  # fmt: skip
+    big = [t for t in saved if t.numel() >= case["input"].numel()]
+    assert len(big) == 1 and big[0].data_ptr() == leaves["input"].data_ptr()
+
+
+def test_autocast_float32_bn_input_runs_the_composition():
+    """A float32 BN input under autocast: eager casts the activation output at the conv, which
+    the op does not do, so the unfused composition runs (eager's values exactly)."""
     case = _case(torch.float32, torch.channels_last, c=8, k=8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, _, _ = _run(True, case, "relu", True, True)

@@ -114,11 +114,13 @@ def test_not_merged(why):
         assert_equivalent(model, optimized, x, steps=2)
 
 
-def test_fallback_when_the_call_does_not_fit():
-    """A call the fused op cannot serve (autocast) runs the two sites unmerged: eager's values."""
+def test_autocast_follows_eager_precision():
+    """Under CPU bfloat16 autocast the merged op runs the conv on bfloat16 operands, as eager does."""
     torch.manual_seed(0)
     model = Chain()
     x = torch.randn(2, 4, 6, 6)
     optimized = fxfuse.optimize(copy.deepcopy(model), x, mode="fast")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert torch.equal(optimized(x), copy.deepcopy(model)(x))
+        out, ref = optimized(x), model(x)
+    assert out.dtype == ref.dtype  # float32: the residual add promotes the bfloat16 BN output
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)

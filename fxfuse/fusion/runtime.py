@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
-from ..ops.checks import apply_activation, autocast_on, conv_geometry, kernels_apply, layer_kernels_apply
+from ..ops.checks import apply_activation, conv_geometry, kernels_apply, layer_kernels_apply
 from .passes.known_modules import is_conv2d_same, is_norm_act, pad_same
 
 
@@ -159,7 +159,6 @@ def bn_act_conv_module(
     params = _bn_tensors(out_bn) if out_bn is not None else ()
     if not (
         kernels_apply(y, _bn_tensors(bn))
-        and not autocast_on(y.device.type)
         and y.shape[1] == bn.num_features == conv.in_channels
         and layer_kernels_apply(y, (conv.weight, conv.bias), params)
         and (out_bn is None or out_bn.num_features == conv.out_channels)

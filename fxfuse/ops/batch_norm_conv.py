@@ -13,9 +13,10 @@ backward: in a ResNet bottleneck, eager keeps each BN input *and* each ReLU outp
 these ops keep only the BN inputs, and only the convs whose output would otherwise be
 kept (before a residual add) are recomputed.
 
-The op runs outside autocast only (its wrappers give autocast calls the unfused
-composition, which is exact); every call the fused kernels cannot serve exactly runs
-`batch_norm_act` and then the conv (or `conv_bn_act`), which fall back to eager.
+Under autocast the wrapper casts the conv's weight and bias as autocast would and runs the op
+with autocast off, where the BN input is already in the autocast dtype (a conv output under
+autocast is); other autocast calls, and every call the fused kernels cannot serve exactly, run
+`batch_norm_act` and then the conv (or `conv_bn_act`), which follow eager.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from torch.utils.flop_counter import conv_flop_count, flop_registry, register_fl
 from . import compiled
 from .batch_norm import batch_norm_act, batch_ok, update_running_stats
 from .checks import (
+    _AUTOCAST_CASTS,
+    AUTOCAST_DEVICES,
     IntPair,
     autocast_on,
     check_act,
@@ -82,6 +85,17 @@ def bn_act_conv(
     """
     check_act(in_act)
     check_act(act)
+    cast = _autocast_conv_operands(input, weight, bias)
+    if cast is not None:
+        # As eager autocast runs these ops: BN and activation in the input's (low) dtype, the conv
+        # on operands cast to it. Cast here, then run the op with autocast off.
+        with torch.autocast(input.device.type, enabled=False):
+            return bn_act_conv(
+                input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps,
+                in_act, in_act_param, *cast, stride, padding, dilation, groups, epilogue=epilogue,
+                running_mean=running_mean, running_var=running_var, bn_weight=bn_weight, bn_bias=bn_bias,
+                training=training, momentum=momentum, eps=eps, act=act, act_param=act_param,
+            )  # fmt: skip
     in_params = (in_running_mean, in_running_var, in_weight, in_bias)
     bn_params = (running_mean, running_var, bn_weight, bn_bias) if epilogue else ()
     geometry = _geometry(input, in_params, weight, bias, stride, padding, dilation, groups, bn_params)
@@ -116,6 +130,19 @@ def bn_act_conv(
     if epilogue and training and running_mean is not None and running_var is not None:
         update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)
     return out
+
+
+def _autocast_conv_operands(input: Tensor, weight, bias) -> Optional[tuple]:
+    """(weight, bias) cast as autocast casts conv2d's, where the op can run this autocast call
+    exactly: the BN input already in the autocast dtype (as a conv output under autocast is), so
+    the activation output the conv reads needs no cast. None otherwise (or outside autocast)."""
+    device = input.device.type
+    if not (isinstance(weight, Tensor) and autocast_on(device) and device in AUTOCAST_DEVICES):
+        return None
+    low = torch.get_autocast_dtype(device)
+    if input.dtype != low or any(t is not None and t.dtype not in _AUTOCAST_CASTS for t in (weight, bias)):
+        return None
+    return weight.to(low), None if bias is None else bias.to(low)
 
 
 def _geometry(input, in_params, weight, bias, stride, padding, dilation, groups, bn_params):
