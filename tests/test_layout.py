@@ -79,6 +79,20 @@ def test_auto_keeps_the_layout_where_the_audit_finds_a_loss(monkeypatch):
     assert report.layout.startswith("as given (auto: channels_last would be lost at aten.clone")
 
 
+def test_auto_times_the_example_inputs_as_given_and_leaves_the_model_alone():
+    """At batch 1 a layout's speed says little about training (ResNet-50: 1.02x at batch 1, 0.63x at
+    batch 8), and a BatchNorm1d after pooling cannot even train on one sample: the timing runs the
+    example inputs as given, on copies."""
+    model = nn.Sequential(cnn(), nn.BatchNorm1d(4))
+    state = copy.deepcopy(model.state_dict())
+    current, converted = layout._step_seconds(model, (torch.randn(2, 3, 8, 8),))
+    assert current > 0 and converted > 0
+    assert model[0][0].weight.grad is None
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, state[name]), name
+    assert model[0][0].weight.is_contiguous()
+
+
 def test_auto_needs_conv_and_a_4d_input():
     assert "no Conv2d" in fxfuse.explain(nn.Sequential(nn.Linear(4, 4), nn.GELU()), memory_format="auto").layout
     assert "needs a 4-D example input" in fxfuse.explain(cnn(), memory_format="auto").layout
