@@ -41,7 +41,7 @@ from .checks import (
     conv_meta,
     int_pair,
     kernels_apply,
-    layer_dtype,
+    layer_kernels_apply,
     stats_like,
 )
 from .conv_batch_norm import conv_bn_act
@@ -104,7 +104,7 @@ def bn_act_conv(
     if (
         geometry is None
         or not (in_training or in_running_mean is not None)
-        or not (not epilogue or training or running_mean is not None)
+        or (epilogue and not training and running_mean is None)
         or not batch_ok(in_count, in_training)
         or (epilogue and not batch_ok(count, training))
         or compiled.composing()
@@ -153,14 +153,13 @@ def _geometry(input, in_params, weight, bias, stride, padding, dilation, groups,
         isinstance(weight, Tensor)
         and kernels_apply(input, in_params)
         and not autocast_on(input.device.type)
+        and layer_kernels_apply(input, (weight, bias), bn_params)
         and weight.dim() == 4
         and type(groups) is int
         and groups > 0
         and all(t is None or t.shape == (input.shape[1],) for t in in_params)
         and input.shape[1] == weight.shape[1] * groups
-        and layer_dtype(input, (weight, bias)) == input.dtype
         and (bias is None or bias.shape == (weight.shape[0],))
-        and (not bn_params or kernels_apply(input, bn_params))
         and all(t is None or t.shape == (weight.shape[0],) for t in bn_params)
         and int_pair(padding) is not None
     ):
@@ -210,7 +209,9 @@ def _bn_act_conv_backward_fake(
 
 # --------------------------------------------------------------------------- autograd
 
-_IN_WEIGHT, _IN_BIAS, _WEIGHT, _BIAS, _BN_WEIGHT, _BN_BIAS = 1, 2, 9, 10, 16, 17
+# Positions in the op's arguments of the tensors bn_act_conv_backward returns gradients for:
+# input, in_weight, in_bias, weight, bias, bn_weight, bn_bias.
+_GRAD_ARGS = (0, 1, 2, 9, 10, 16, 17)
 
 
 def _setup(ctx, inputs, output):
@@ -236,14 +237,14 @@ def _backward(ctx, grad_out, *_grad_stats):
         eps, act, act_param,
     ) = ctx.config  # fmt: skip
     need = ctx.needs_input_grad
-    mask = [need[i] for i in (0, _IN_WEIGHT, _IN_BIAS, _WEIGHT, _BIAS, _BN_WEIGHT, _BN_BIAS)]
+    mask = [need[i] for i in _GRAD_ARGS]
     grads = torch.ops.fxfuse.bn_act_conv_backward(
         grad_out, input, in_weight, in_bias, in_mean, in_var, in_batch_stats, in_eps, in_act, in_act_param,
         weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, mean, var, batch_stats,
         eps, act, act_param, mask,
     )  # fmt: skip
     result = [None] * 24
-    for index, grad in zip((0, _IN_WEIGHT, _IN_BIAS, _WEIGHT, _BIAS, _BN_WEIGHT, _BN_BIAS), grads):
+    for index, grad in zip(_GRAD_ARGS, grads):
         result[index] = grad
     return tuple(result)
 
