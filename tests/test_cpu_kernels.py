@@ -457,8 +457,9 @@ def test_nan_backward(lay, act, p):
 
 
 # ------------------------------------------------------------------ in-place forms
-# bn_act_ / bn_act_backward_ write over their input; on CPU they run the same kernels
-# as bn_act / bn_act_backward, so the results must be bitwise the same.
+# bn_act_ / bn_act_backward_ write over their input and bn_act_backward_into_grad_ over
+# grad_out; on CPU they run the same kernels as bn_act / bn_act_backward, so the results
+# must be bitwise the same.
 
 
 def bitwise(actual, expected):
@@ -487,6 +488,13 @@ def check_inplace_forms(x, dy, mean, var, w, b, act, p, bs):
         gw, gb = ops.bn_act_backward_(dy, y, mean, var, w, b, EPS, act, p, bs, list(wmask))
         assert y.data_ptr() == ptr and y.stride() == stride
         bitwise(y, ref[0])
+        bitwise(gw, ref[1])
+        bitwise(gb, ref[2])
+        g = twin(dy)
+        ptr, g_stride = g.data_ptr(), g.stride()
+        gw, gb = ops.bn_act_backward_into_grad_(g, x, mean, var, w, b, EPS, act, p, bs, list(wmask))
+        assert g.data_ptr() == ptr and g.stride() == g_stride
+        bitwise(g, ref[0].to(g.dtype))
         bitwise(gw, ref[1])
         bitwise(gb, ref[2])
 
@@ -520,6 +528,20 @@ def test_inplace_forms_on_fallback_paths():
     xf = make_input((2, 5, 3, 4), torch.float32, "contiguous")
     w, b, mean, var = make_params(5, torch.float32)
     check_inplace_forms(xf, dyh.double(), mean, var, w, b, "relu", 0.0, False)
+    # grad_out in the other memory format: bn_act_backward_into_grad_ keeps grad_out's strides
+    xc = make_input((2, 6, 5, 4), torch.float32, "channels_last")
+    dyc = make_input((2, 6, 5, 4), torch.float32, "contiguous", seed=4)
+    w, b, mean, var = make_params(6, torch.float32)
+    check_inplace_forms(xc, dyc, mean, var, w, b, "silu", 0.0, True)
+
+
+def test_backward_into_grad_rejects_a_grad_out_that_partly_overlaps_the_input():
+    buf = make_input((2, 4, 6, 6), torch.float32, "contiguous").flatten()
+    x = buf[: 2 * 4 * 6 * 5].view(2, 4, 6, 5)
+    g = buf[4 : 4 + x.numel()].view(2, 4, 6, 5)
+    w, b, mean, var = make_params(4, torch.float32)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        ops.bn_act_backward_into_grad_(g, x, mean, var, w, b, EPS, "relu", 0.0, True, [True, True])
 
 
 def test_inplace_forms_validate_like_out_of_place():

@@ -152,6 +152,10 @@ def _opcheck_samples(fmt):
             torch.ops.fxfuse.bn_act_backward_.default,
             (torch.randn_like(y), y.clone(), mean, var, None, beta, 1e-5, "none", 0.0, False, [False, True]),
         ),
+        (
+            torch.ops.fxfuse.bn_act_backward_into_grad_.default,
+            (torch.randn_like(y), y, mean, var, g, beta, 1e-5, "silu", 0.0, True, [True, True]),
+        ),
         (torch.ops.fxfuse.batch_norm_act.default, (*req(y, g, beta), rm, rv, True, 1e-5, "relu", 0.0)),
         (torch.ops.fxfuse.batch_norm_act.default, (*req(y), None, None, rm, rv, False, 1e-5, "relu6", 0.0)),
         (

@@ -47,14 +47,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_generic(
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 3> output_mask);
 
-// In-place forms (ops bn_act_ and bn_act_backward_): `self` / `input` is
-// overwritten with the output / grad_input; output_mask is (weight, bias).
+// In-place forms (ops bn_act_, bn_act_backward_ and bn_act_backward_into_grad_):
+// `self` / `input` / `grad_out` is overwritten with the output / grad_input /
+// grad_input; output_mask is (weight, bias).
 void bn_act_generic_(
     const at::Tensor& self, const at::Tensor& mean, const at::Tensor& var,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     double eps, c10::string_view act, double act_param);
 
 std::tuple<at::Tensor, at::Tensor> bn_act_backward_generic_(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 2> output_mask);
+
+std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_generic_(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
@@ -80,6 +87,12 @@ void bn_act_cpu_(
     double eps, c10::string_view act, double act_param);
 
 std::tuple<at::Tensor, at::Tensor> bn_act_backward_cpu_(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 2> output_mask);
+
+std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_cpu_(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,

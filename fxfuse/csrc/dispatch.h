@@ -61,6 +61,18 @@ inline std::tuple<at::Tensor, at::Tensor> bn_act_backward_(
       grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, output_mask);
 }
 
+inline std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 2> output_mask) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fxfuse::bn_act_backward_into_grad_", "")
+                       .typed<decltype(bn_act_backward_into_grad_generic_)>();
+  return op.call(
+      grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, output_mask);
+}
+
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,

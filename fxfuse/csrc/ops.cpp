@@ -29,6 +29,10 @@ constexpr const char* kBnActBackwardInplace =
     "bn_act_backward_(Tensor grad_out, Tensor(a!) input, Tensor mean, Tensor var, "
     "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
     "bool batch_stats, bool[2] output_mask) -> (Tensor grad_weight, Tensor grad_bias)";
+constexpr const char* kBnActBackwardIntoGrad =
+    "bn_act_backward_into_grad_(Tensor(a!) grad_out, Tensor input, Tensor mean, Tensor var, "
+    "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
+    "bool batch_stats, bool[2] output_mask) -> (Tensor grad_weight, Tensor grad_bias)";
 constexpr const char* kGelu = "gelu(Tensor self, *, str approximate='none') -> Tensor";
 constexpr const char* kGeluBackward = "gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor";
 }  // namespace
@@ -42,9 +46,11 @@ TORCH_LIBRARY(fxfuse, m) {
   m.def(kBnActBackward);
   // In-place forms for composites that own the tensor: bn_act_ overwrites self with
   // bn_act(self, ...); bn_act_backward_ overwrites input with grad_input and returns
-  // the parameter gradients (output_mask: weight, bias). Same numerics as above.
+  // the parameter gradients (output_mask: weight, bias); bn_act_backward_into_grad_
+  // overwrites grad_out with grad_input instead. Same numerics as above.
   m.def(kBnActInplace);
   m.def(kBnActBackwardInplace);
+  m.def(kBnActBackwardIntoGrad);
   // BatchNorm2d(+activation) that keeps only its input for backward. mean / var: the
   // statistics applied (bn_stats' when batch_stats, else the running ones); unbiased_var:
   // the batch's, for the caller's running-statistics update (the running var otherwise).
@@ -111,8 +117,8 @@ TORCH_LIBRARY(fxfuse, m) {
 // that the tests can run them on CPU, where torch.ops.fxfuse dispatches to the
 // hand-written kernels.
 TORCH_LIBRARY(fxfuse_generic, m) {
-  for (const char* schema : {kBnStats, kBnAct, kBnActBackward, kBnActInplace, kBnActBackwardInplace, kGelu,
-                             kGeluBackward}) {
+  for (const char* schema : {kBnStats, kBnAct, kBnActBackward, kBnActInplace, kBnActBackwardInplace,
+                             kBnActBackwardIntoGrad, kGelu, kGeluBackward}) {
     m.def(schema);
   }
 }
@@ -123,6 +129,7 @@ TORCH_LIBRARY_IMPL(fxfuse_generic, CompositeExplicitAutograd, m) {
   m.impl("bn_act_backward", &fxfuse::bn_act_backward_generic);
   m.impl("bn_act_", &fxfuse::bn_act_generic_);
   m.impl("bn_act_backward_", &fxfuse::bn_act_backward_generic_);
+  m.impl("bn_act_backward_into_grad_", &fxfuse::bn_act_backward_into_grad_generic_);
   m.impl("gelu", &fxfuse::gelu_generic);
   m.impl("gelu_backward", &fxfuse::gelu_backward_generic);
 }

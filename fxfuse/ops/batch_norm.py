@@ -5,8 +5,9 @@ statistics the same way, but keeps only the BN input and the per-channel statist
 for backward, which recomputes the normalized value and the activation input.
 
 Ops: fxfuse::bn_stats, bn_act, bn_act_backward, batch_norm_act, and the in-place
-bn_act_ / bn_act_backward_ used inside conv_bn_act (fake kernels only: they are not
-differentiable). Their fake kernels and autograd formulas are registered here.
+bn_act_ / bn_act_backward_ / bn_act_backward_into_grad_ used inside conv_bn_act and
+bn_act_conv (fake kernels only: they are not differentiable). Their fake kernels and
+autograd formulas are registered here.
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ def register() -> None:
         ("bn_act_backward", _bn_act_backward_fake),
         ("bn_act_", _bn_act_inplace_fake),
         ("bn_act_backward_", _bn_act_backward_inplace_fake),
+        ("bn_act_backward_into_grad_", _bn_act_backward_inplace_fake),
         ("batch_norm_act", _batch_norm_act_fake),
     ):
         torch.library.register_fake(f"fxfuse::{name}", fake)

@@ -21,6 +21,7 @@
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/batch_norm_update_stats.h>
@@ -365,12 +366,39 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_cpu_(
       output_mask[1], input);
 }
 
+std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_cpu_(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 2> output_mask) {
+  checks::bn_args(input, mean, var, weight, bias, "bn_act_backward_into_grad_");
+  const Act a = parse_act(act);
+  const auto geo = geometry(input);
+  // backward_into reads grad_out through a view in the input's dtype and layout; writing
+  // grad_input over grad_out is safe when that view is grad_out itself (the reductions
+  // finish before the last pass, which reads each element before writing it).
+  // Otherwise: bn_act_backward, then a copy.
+  if (!backward_fast(grad_out, input) || grad_out.scalar_type() != input.scalar_type() ||
+      !grad_out.is_contiguous(geo->second)) {
+    auto [grad_input, grad_weight, grad_bias] = bn_act_backward_cpu(
+        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+        {true, output_mask[0], output_mask[1]});
+    grad_out.copy_(grad_input);
+    return {grad_weight, grad_bias};
+  }
+  at::assert_no_partial_overlap(grad_out, input);
+  return backward_into(
+      grad_out, input, mean, var, weight, bias, eps, a, act_param, batch_stats, output_mask[0],
+      output_mask[1], grad_out);
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CPU, m) {
   m.impl("bn_stats", &bn_stats_cpu);
   m.impl("bn_act", &bn_act_cpu);
   m.impl("bn_act_backward", &bn_act_backward_cpu);
   m.impl("bn_act_", &bn_act_cpu_);
   m.impl("bn_act_backward_", &bn_act_backward_cpu_);
+  m.impl("bn_act_backward_into_grad_", &bn_act_backward_into_grad_cpu_);
 }
 
 }  // namespace fxfuse

@@ -141,6 +141,18 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_generic_(
   return {grad_weight, grad_bias};
 }
 
+std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_generic_(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 2> output_mask) {
+  auto [grad_input, grad_weight, grad_bias] = bn_act_backward_generic(
+      grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+      {true, output_mask[0], output_mask[1]});
+  grad_out.copy_(grad_input);
+  return {grad_weight, grad_bias};
+}
+
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act(
@@ -176,6 +188,7 @@ TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("bn_act_backward", &bn_act_backward_generic);
   m.impl("bn_act_", &bn_act_generic_);
   m.impl("bn_act_backward_", &bn_act_backward_generic_);
+  m.impl("bn_act_backward_into_grad_", &bn_act_backward_into_grad_generic_);
   m.impl("batch_norm_act", &batch_norm_act);
 }
 

@@ -105,7 +105,15 @@ bn_act_conv_backward(
   x.reset();
   grad_y.reset();
   at::Tensor grad_input, grad_in_weight, grad_in_bias;
-  if (need_prologue) {
+  if (output_mask[0] && grad_x.is_cpu()) {
+    // grad_x is ours: the prologue's grad_input goes over it (no fresh activation-sized
+    // buffer). Only the CPU kernels do this truly in place; elsewhere the op's generic
+    // form would add a copy, so other devices take the out-of-place op below.
+    std::tie(grad_in_weight, grad_in_bias) = dispatch::bn_act_backward_into_grad_(
+        grad_x, input, in_mean, in_var, in_weight, in_bias, in_eps, in_act, in_act_param,
+        in_batch_stats, {output_mask[1], output_mask[2]});
+    grad_input = std::move(grad_x);
+  } else if (need_prologue) {
     std::tie(grad_input, grad_in_weight, grad_in_bias) = dispatch::bn_act_backward(
         grad_x, input, in_mean, in_var, in_weight, in_bias, in_eps, in_act, in_act_param,
         in_batch_stats, {output_mask[0], output_mask[1], output_mask[2]});
