@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from fxfuse.measure.bench import ensure_malloc_env
+import torch
+import torchvision
 
-ensure_malloc_env()
-
-import torch  # noqa: E402
-import torchvision  # noqa: E402
-
-from fxfuse.measure import bench  # noqa: E402
+from fxfuse.measure import bench
 
 
 def main() -> None:

@@ -102,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
     names = bench.parse_variants(
         args.modes, args.budget, args.peers, channels_last_baseline=four_d, peak_budgets=args.peak_budget
     )
-    if args.device == "cpu":
-        bench.ensure_malloc_env()
 
     def log(message: str) -> None:
         print(f"[fxfuse bench] {message}", file=sys.stderr, flush=True)

@@ -3,13 +3,16 @@
 * saved activations: unique storages packed by autograd during one forward
   (`torch.autograd.graph.saved_tensors_hooks`), excluding parameters, buffers and inputs;
 * resident memory at the end of forward: /proc/self/statm before and after forward
-  (run with MALLOC_MMAP_THRESHOLD_=65536 so freed blocks go back to the OS);
+  (with MALLOC_MMAP_THRESHOLD_=65536, so freed blocks go back to the OS; set it after
+  timing, see fxfuse.measure.bench.ensure_malloc_env);
 * time: median train step, reported as a ratio against eager measured in the same process.
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
+import functools
 import gc
 import os
 import statistics
@@ -90,9 +93,26 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@functools.cache
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def release_free_heap() -> None:
+    """Give the heap's free pages back to the OS (glibc's malloc_trim), so that memory reused
+    from the heap is counted as growth again (a no-op where that is not available)."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 def forward_resident_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
     """Growth of resident memory from before forward to the end of forward (graph alive)."""
     gc.collect()
+    release_free_heap()
     before = rss_bytes()
     out = model(*inputs)
     after = rss_bytes()
@@ -124,6 +144,7 @@ def step_peak_bytes(step: Callable[[], None]) -> int | None:
     Linux only: resets the process's resident high-water mark (VmHWM) before the step.
     """
     gc.collect()
+    release_free_heap()
     if not _reset_peak_rss():
         return None
     before = rss_bytes()
