@@ -7,12 +7,14 @@ peak counted on a meta-device copy (`peak.py`);
 """
 
 from .memory import (
+    forward_allocated_bytes,
     forward_resident_bytes,
     median_step_times,
     meta_copy,
     rss_bytes,
     saved_activation_bytes,
     saved_activation_bytes_meta,
+    step_allocated_peak_bytes,
     step_peak_bytes,
     to_meta,
     train_step,
@@ -20,12 +22,14 @@ from .memory import (
 from .peak import step_peak_bytes_meta
 
 __all__ = [
+    "forward_allocated_bytes",
     "forward_resident_bytes",
     "median_step_times",
     "meta_copy",
     "rss_bytes",
     "saved_activation_bytes",
     "saved_activation_bytes_meta",
+    "step_allocated_peak_bytes",
     "step_peak_bytes",
     "step_peak_bytes_meta",
     "to_meta",

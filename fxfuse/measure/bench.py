@@ -4,11 +4,12 @@ Used by `fxfuse bench`, `make demo` and the benchmark scripts, so every number i
 README comes from the same code. Every row is also a ratio to the baseline: the
 faster of the eager variants measured in the same run (for CNNs on CPU, channels_last
 eager is often 1.5x faster than NCHW eager, and it is what a careful user runs).
-Train steps are timed first, under the process's allocator as a user's training process
-has it; then, for the resident and peak memory numbers, glibc is told to return freed blocks
-to the OS (`ensure_malloc_env`), which would otherwise slow every step with page faults
-(ResNet-50 batch 8 on CPU: eager 1.3 s per step as a user runs it, 2.4 s with every block
-of 64 KiB or more mmapped).
+Memory held at the end of forward and the peak of a train step are the allocator's own
+counts (`memory.forward_allocated_bytes`, `memory.step_allocated_peak_bytes`), so the bench
+leaves the C allocator as a training process has it: an earlier version told glibc to
+return every freed block of 64 KiB or more to the OS, for resident-set readings, and every
+timed step then page-faulted its activations in (ResNet-50 batch 8 on CPU: eager 2.4 s per
+step against 1.3 s).
 
 Variants: "eager" (NCHW) and "eager-channels_last"; fxfuse modes "fast", "memory",
 "auto"; "budget=0.7" (fxfuse with memory_budget=0.7), "peak-budget=0.5" (fxfuse with
@@ -26,8 +27,6 @@ same for each fxfuse budget B: "compile(budget=B)", "compile(budget=B,composed)"
 from __future__ import annotations
 
 import copy
-import ctypes
-import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -44,45 +43,16 @@ PEERS = ("checkpoint", "compile", "compile-budget", "compile-fxfuse", "compile-f
 EAGER_CHANNELS_LAST = "eager-channels_last"
 
 
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-
-
-def malloc_env_active() -> bool:
-    """Whether this process already returns freed blocks of 64 KiB and more to the OS."""
-    return os.environ.get("MALLOC_MMAP_THRESHOLD_") == "65536"
-
-
-def ensure_malloc_env() -> bool:
-    """Make freed activation buffers go back to the OS, so resident memory tracks live tensors.
-
-    glibc's mallopt(M_MMAP_THRESHOLD, 65536), the run-time form of MALLOC_MMAP_THRESHOLD_=65536:
-    blocks of 64 KiB and more are mmapped and unmapped when freed. Returns False where
-    that is not available (not glibc); resident numbers then include freed memory.
-    It lasts for the rest of the process (glibc cannot go back to its dynamic threshold)
-    and makes every later step page-fault its activations in: time before calling it.
-    """
-    if malloc_env_active():
-        return True
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, 65536))
-    except (OSError, AttributeError):
-        return False
-    if ok:
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # and for child processes
-    return ok
-
-
 @dataclass
 class Row:
     variant: str
     saved_bytes: int
-    resident_bytes: int
+    resident_bytes: int  # held by the allocator at the end of forward (the name predates the allocator count)
     step_seconds: float
     saved_ratio: float = 1.0
     resident_ratio: float = 1.0
     time_ratio: float = 1.0
-    peak_bytes: Optional[int] = None  # resident-memory growth during a train step (CPU) / allocator peak (CUDA)
+    peak_bytes: Optional[int] = None  # peak growth of the allocator's bytes during a train step
     peak_ratio: Optional[float] = None
     baseline: bool = False  # the row the ratios are to
 
@@ -303,7 +273,7 @@ def _peak_bytes(model: nn.Module, inputs: Sequence[Any]) -> Optional[int]:
         memory.train_step(model, inputs)
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
-    return memory.step_peak_bytes(lambda: memory.train_step(model, inputs))
+    return memory.step_allocated_peak_bytes(lambda: memory.train_step(model, inputs), device)
 
 
 def compare(
@@ -320,26 +290,19 @@ def compare(
     def inputs_of(name: str) -> tuple:
         return tuple(inputs) if memory_format is None else in_layout(inputs, variant_layout(name, memory_format))
 
-    cpu = all(x.device.type == "cpu" for x in inputs if isinstance(x, torch.Tensor))
-    if cpu and malloc_env_active():
-        log("timing with freed blocks returned to the OS (MALLOC_MMAP_THRESHOLD_=65536 is already set): "
-            "every step pays page faults a training process would not")  # fmt: skip
+    saved, resident, peak = {}, {}, {}
+    for name, model in variants.items():
+        log(f"measuring memory: {name}")
+        x = inputs_of(name)
+        memory.train_step(model, x)  # warm-up: kernels, compilation
+        saved[name] = memory.saved_activation_bytes(model, x)
+        resident[name] = memory.forward_allocated_bytes(model, x)
+        peak[name] = _peak_bytes(model, x)
     log(f"timing train steps ({repeats} interleaved repeats)")
     times = memory.median_step_times(
         {name: (lambda m=model, x=inputs_of(name): memory.train_step(m, x)) for name, model in variants.items()},
         repeats=repeats,
     )
-    if cpu:
-        ensure_malloc_env()  # after the timing: resident memory must track live tensors
-    saved, resident, peak = {}, {}, {}
-    for name, model in variants.items():
-        log(f"measuring memory: {name}")
-        x = inputs_of(name)
-        memory.train_step(model, x)  # warm-up under the allocator setting above
-        saved[name] = memory.saved_activation_bytes(model, x)
-        memory.forward_resident_bytes(model, x)
-        resident[name] = min(memory.forward_resident_bytes(model, x) for _ in range(2))
-        peak[name] = _peak_bytes(model, x)
     baselines = [name for name in variants if is_baseline(name)] or [next(iter(variants))]
     base = min(baselines, key=times.__getitem__)
 
@@ -394,7 +357,7 @@ def render(rows: list[Row]) -> str:
             "variant",
             "saved for backward",
             "ratio",
-            "resident at end of fwd",
+            "held at end of fwd",
             "ratio",
             "peak in step",
             "ratio",

@@ -2,17 +2,17 @@
 
 * saved activations: unique storages packed by autograd during one forward
   (`torch.autograd.graph.saved_tensors_hooks`), excluding parameters, buffers and inputs;
-* resident memory at the end of forward: /proc/self/statm before and after forward
-  (with MALLOC_MMAP_THRESHOLD_=65536, so freed blocks go back to the OS; set it after
-  timing, see fxfuse.measure.bench.ensure_malloc_env);
+* memory held at the end of forward and the peak of a train step: the allocator's own count
+  (`forward_allocated_bytes`, `step_allocated_peak_bytes`, from the profiler's memory events),
+  which does not depend on what the C allocator keeps resident; the resident-set readings
+  (`forward_resident_bytes`, `step_peak_bytes`) need MALLOC_MMAP_THRESHOLD_=65536 in the
+  environment at process start, so that freed blocks go back to the OS;
 * time: median train step, reported as a ratio against eager measured in the same process.
 """
 
 from __future__ import annotations
 
 import copy
-import ctypes
-import functools
 import gc
 import os
 import statistics
@@ -93,26 +93,9 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@functools.cache
-def _libc():
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-
-
-def release_free_heap() -> None:
-    """Give the heap's free pages back to the OS (glibc's malloc_trim), so that memory reused
-    from the heap is counted as growth again (a no-op where that is not available)."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-
-
 def forward_resident_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
     """Growth of resident memory from before forward to the end of forward (graph alive)."""
     gc.collect()
-    release_free_heap()
     before = rss_bytes()
     out = model(*inputs)
     after = rss_bytes()
@@ -144,12 +127,54 @@ def step_peak_bytes(step: Callable[[], None]) -> int | None:
     Linux only: resets the process's resident high-water mark (VmHWM) before the step.
     """
     gc.collect()
-    release_free_heap()
     if not _reset_peak_rss():
         return None
     before = rss_bytes()
     step()
     return _peak_rss_bytes() - before
+
+
+def _allocator_deltas(fn: Callable[[], Any], device: torch.device) -> list[int]:
+    """Every allocation (+bytes) and free (-bytes) on `device`'s allocator during `fn()`, in order.
+
+    From the profiler's memory events, which the CPU allocator and CUDA's caching allocator
+    report for every tensor, including the temporaries inside C++ ops (fxfuse's too).
+    """
+    kind = torch.autograd.DeviceType.CUDA if device.type == "cuda" else torch.autograd.DeviceType.CPU
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == kind
+    ]
+    return [nbytes for _, nbytes in sorted(events, key=lambda e: e[0])]
+
+
+def step_allocated_peak_bytes(step: Callable[[], None], device: torch.device = torch.device("cpu")) -> int:
+    """Peak growth of the bytes held by `device`'s allocator during one call of `step`.
+
+    Counts tensors, not pages: the same for any state of the C allocator underneath (glibc's
+    resident memory depends on what earlier steps left in its free lists), and on CUDA the
+    same figure as torch.cuda.max_memory_allocated minus what was allocated before.
+    """
+    gc.collect()
+    held = peak = 0
+    for nbytes in _allocator_deltas(step, device):
+        held += nbytes
+        peak = max(peak, held)
+    return peak
+
+
+def forward_allocated_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
+    """Bytes allocated during forward and still held at its end (graph alive), per the allocator."""
+    device = next((t.device for t in tensors(inputs)), torch.device("cpu"))
+    gc.collect()
+    outputs: list = []  # the output (and with it the graph) stays alive until the count is taken
+    deltas = _allocator_deltas(lambda: outputs.append(model(*inputs)), device)
+    outputs.clear()
+    gc.collect()
+    return sum(deltas)
 
 
 def train_step(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer | None = None) -> None:
