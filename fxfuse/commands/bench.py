@@ -30,8 +30,8 @@ def register(subparsers) -> None:
         "bench",
         help="measure eager, fxfuse modes and peers side by side (memory and step time)",
         description="Train-step benchmark of one model, every variant in this process, each row a ratio to eager: "
-        "bytes saved for backward (saved_tensors_hooks), resident memory at the end of forward, "
-        "peak memory during a train step, and median train-step time (interleaved repeats). "
+        "bytes saved for backward (saved_tensors_hooks), bytes the allocator holds at the end of forward, "
+        "the allocator's peak during a train step, and median train-step time (interleaved repeats). "
         "Random weights and inputs.",
         epilog="Ratios are to the faster eager baseline of the run: eager NCHW or eager channels_last "
         "(4-D inputs). example: fxfuse bench torchvision:resnet50 --input-shape 8,3,224,224 "

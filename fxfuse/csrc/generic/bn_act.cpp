@@ -129,16 +129,32 @@ void bn_act_generic_(
   self.copy_(bn_act_generic(self, mean, var, weight, bias, eps, act, act_param));
 }
 
+namespace {
+
+// bn_act_backward with grad_input copied over `dst` (the input or grad_out); returns the
+// parameter gradients.
+std::tuple<at::Tensor, at::Tensor> backward_copied_over(
+    const at::Tensor& dst, const at::Tensor& grad_out, const at::Tensor& input,
+    const at::Tensor& mean, const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act, double act_param,
+    bool batch_stats, std::array<bool, 2> output_mask) {
+  auto [grad_input, grad_weight, grad_bias] = bn_act_backward_generic(
+      grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+      {true, output_mask[0], output_mask[1]});
+  dst.copy_(grad_input);
+  return {grad_weight, grad_bias};
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> bn_act_backward_generic_(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 2> output_mask) {
-  auto [grad_input, grad_weight, grad_bias] = bn_act_backward_generic(
-      grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
-      {true, output_mask[0], output_mask[1]});
-  input.copy_(grad_input);
-  return {grad_weight, grad_bias};
+  return backward_copied_over(
+      input, grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+      output_mask);
 }
 
 std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_generic_(
@@ -146,11 +162,9 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_generic_(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 2> output_mask) {
-  auto [grad_input, grad_weight, grad_bias] = bn_act_backward_generic(
-      grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
-      {true, output_mask[0], output_mask[1]});
-  grad_out.copy_(grad_input);
-  return {grad_weight, grad_bias};
+  return backward_copied_over(
+      grad_out, grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+      output_mask);
 }
 
 namespace {
