@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import os
 import statistics
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -141,14 +143,35 @@ def _allocator_deltas(fn: Callable[[], Any], device: torch.device) -> list[int]:
     report for every tensor, including the temporaries inside C++ ops (fxfuse's too).
     """
     kind = torch.autograd.DeviceType.CUDA if device.type == "cuda" else torch.autograd.DeviceType.CPU
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with _without_stderr():  # the profiler logs every start and stop there
+        prof.__enter__()
+    try:
         fn()
-    events = [
-        (e.start_ns(), e.nbytes())
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]" and e.device_type() == kind
-    ]
+    finally:
+        with _without_stderr():
+            prof.__exit__(None, None, None)
+            events = [
+                (e.start_ns(), e.nbytes())
+                for e in prof.profiler.kineto_results.events()
+                if e.name() == "[memory]" and e.device_type() == kind
+            ]
     return [nbytes for _, nbytes in sorted(events, key=lambda e: e[0])]
+
+
+@contextlib.contextmanager
+def _without_stderr():
+    """File descriptor 2 to /dev/null for the block (C++ logging bypasses sys.stderr)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def step_allocated_peak_bytes(step: Callable[[], None], device: torch.device = torch.device("cpu")) -> int:
