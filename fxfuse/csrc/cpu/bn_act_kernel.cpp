@@ -231,6 +231,11 @@ void forward_into(
   }
 }
 
+// Activations whose derivative costs more to recompute than writing and reading it back.
+bool costly_derivative(Act a) {
+  return a == Act::GELU || a == Act::GELUTanh || a == Act::SiLU;
+}
+
 // Whether the hand-written backward kernels take this call (else: the generic path).
 bool backward_fast(const at::Tensor& grad_out, const at::Tensor& input) {
   return fast_dtype(input.scalar_type()) && geometry(input) && input.numel() != 0 &&
@@ -265,11 +270,20 @@ std::tuple<at::Tensor, at::Tensor> backward_into(
     const T* dyp = dy.const_data_ptr<T>();
     const T param = static_cast<T>(act_param);
 
+    // With an activation whose derivative costs more than a memory pass (erf, exp), the
+    // reduction writes g = dy * act'(z) into grad_input's buffer and the grad_input pass
+    // reads it back (as act "none"), instead of computing act' a second time. Same bits:
+    // both passes compute g the same way. Not when grad_input is the input, still to be read.
+    T* g_stored = nullptr;
+    if (need_sums && need_input && costly_derivative(a) &&
+        grad_input.data_ptr() != input.data_ptr()) {
+      g_stored = grad_input.mutable_data_ptr<T>();
+    }
     // sum_g and sum_gx = sum(g * xhat), rounded to T as the generic path has them.
     std::vector<T> sum_g(C, T(0)), sum_gx(C, T(0));
     if (need_sums) {
       std::vector<double> sg(C), sgxm(C);
-      kt.backward_reduce(g, dyp, xp, cp.coeffs(), a, param, sg.data(), sgxm.data());
+      kt.backward_reduce(g, dyp, xp, cp.coeffs(), a, param, sg.data(), sgxm.data(), g_stored);
       for (int64_t c = 0; c < C; ++c) {
         sum_g[c] = static_cast<T>(sg[c]);
         sum_gx[c] = static_cast<T>(sgxm[c] * static_cast<double>(cp.invstd[c]));
@@ -285,8 +299,12 @@ std::tuple<at::Tensor, at::Tensor> backward_into(
           cp.k2[c] = sum_gx[c] / m;
         }
       }
-      kt.backward_input(
-          g, dyp, xp, cp.coeffs(), batch_stats, a, param, grad_input.mutable_data_ptr<T>());
+      if (g_stored) {
+        kt.backward_input(g, g_stored, xp, cp.coeffs(), batch_stats, Act::None, param, g_stored);
+      } else {
+        kt.backward_input(
+            g, dyp, xp, cp.coeffs(), batch_stats, a, param, grad_input.mutable_data_ptr<T>());
+      }
     }
     auto to_tensor = [&](const std::vector<T>& v, at::ScalarType dtype) {
       at::Tensor t = at::empty({C}, input.options());

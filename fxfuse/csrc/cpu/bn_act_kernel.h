@@ -52,10 +52,11 @@ struct KernelTable {
   // out = act(z).
   void (*forward)(
       const Geometry& g, const T* x, const Coeffs<T>& cf, Act act, T act_param, T* out);
-  // Per-channel sums, in double, of g = dy * act'(z) and of g * (x - mean).
+  // Per-channel sums, in double, of g = dy * act'(z) and of g * (x - mean); g itself is
+  // written to g_out (dy's layout; it may be dy) unless g_out is null.
   void (*backward_reduce)(
       const Geometry& g, const T* dy, const T* x, const Coeffs<T>& cf, Act act, T act_param,
-      double* sum_g, double* sum_gxm);
+      double* sum_g, double* sum_gxm, T* g_out);
   // grad_input from dy and x, recomputing g.
   void (*backward_input)(
       const Geometry& g, const T* dy, const T* x, const Coeffs<T>& cf, bool batch_stats,

@@ -270,7 +270,7 @@ void forward_impl(const Geometry& g, const T* x, const Coeffs<T>& cf, T param, T
 template <Act A, typename T>
 void backward_reduce_impl(
     const Geometry& g, const T* dy, const T* x, const Coeffs<T>& cf, T param, double* sum_g,
-    double* sum_gxm) {
+    double* sum_gxm, T* g_out) {
   using Vec = Vectorized<T>;
   using Op = ActOp<A, T>;
   constexpr int64_t VS = Vec::size();
@@ -289,6 +289,7 @@ void backward_reduce_impl(
             const Vec xv = Vec::loadu(p + i);
             const Vec xm = xv - mu;
             const Vec gv = rounded(Op::bwd(Vec::loadu(q + i), bn_z(xv, al, be), param));
+            if (g_out) gv.store(g_out + (q - dy) + i);
             ag.add(gv);
             agx.add(gv * xm);
           }
@@ -297,6 +298,7 @@ void backward_reduce_impl(
             const Vec xv = Vec::loadu(p + i, r);
             const Vec xm = xv - mu;
             const Vec gv = rounded(Op::bwd(Vec::loadu(q + i, r), bn_z(xv, al, be), param));
+            if (g_out) gv.store(g_out + (q - dy) + i, r);
             // lanes past the end must not reach the sums
             ag.add(Vec::set(zero, gv, r));
             agx.add(Vec::set(zero, gv * xm, r));
@@ -339,6 +341,7 @@ void backward_reduce_impl(
           const Vec xm = xv - Vec::loadu(mut.data() + j);
           const Vec z = bn_z(xv, Vec::loadu(alt.data() + j), Vec::loadu(bet.data() + j));
           const Vec gv = rounded(Op::bwd(Vec::loadu(q + j), z, param));
+          if (g_out) gv.store(g_out + (q - dy) + j);
           (Vec::loadu(ag + j) + gv).store(ag + j);
           (Vec::loadu(agx + j) + gv * xm).store(agx + j);
         }
@@ -349,6 +352,7 @@ void backward_reduce_impl(
           const Vec xm = xv - Vec::loadu(mut.data() + j, n);
           const Vec z = bn_z(xv, Vec::loadu(alt.data() + j, n), Vec::loadu(bet.data() + j, n));
           const Vec gv = rounded(Op::bwd(Vec::loadu(q + j, n), z, param));
+          if (g_out) gv.store(g_out + (q - dy) + j, n);
           __at_align__ T gb[VS], gxb[VS];
           gv.store(gb);
           (gv * xm).store(gxb);
@@ -489,9 +493,9 @@ void forward_kernel(const Geometry& g, const T* x, const Coeffs<T>& cf, Act act,
 template <typename T>
 void backward_reduce_kernel(
     const Geometry& g, const T* dy, const T* x, const Coeffs<T>& cf, Act act, T param,
-    double* sum_g, double* sum_gxm) {
+    double* sum_g, double* sum_gxm, T* g_out) {
   with_act<T>(act, [&](auto a) {
-    backward_reduce_impl<decltype(a)::value>(g, dy, x, cf, param, sum_g, sum_gxm);
+    backward_reduce_impl<decltype(a)::value>(g, dy, x, cf, param, sum_g, sum_gxm, g_out);
   });
 }
 
