@@ -1,4 +1,4 @@
-"""GELU family, float32, CPU: eager vs fxfuse side by side, with the issue's targets.
+"""GELU family, float32, CPU: eager vs fxfuse side by side in one process, with the issue's targets.
 
     python benchmarks/bench_gelu.py [--only convnext,vit,bn_gelu,efficientnet,gelu] [--repeats 5]
 
@@ -9,16 +9,13 @@ Sections (each prints a table and its targets):
   efficientnet  efficientnet_b0, batch 4, 224x224, mode="fast": <= 0.85x eager saved bytes at <= 1.0x step time
   gelu          standalone GELU: fxfuse.ops.gelu vs F.gelu, forward + backward, by layout, approximation, size
                 (where the standalone-GELU pass's choice comes from)
-Times are medians of interleaved repeats, so drift hits eager and fxfuse alike. Each model
-section runs in a process of its own (its memory measurement changes the allocator for the rest
-of the process).
+Times are medians of interleaved repeats, so drift hits eager and fxfuse alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import subprocess
 import sys
 
 import torch
@@ -32,7 +29,6 @@ from fxfuse import measure
 from fxfuse.measure import bench
 
 SECTIONS = ("convnext", "vit", "bn_gelu", "efficientnet", "gelu")
-MODEL_SECTIONS = ("convnext", "vit", "efficientnet")
 
 
 def log(message: str) -> None:
@@ -151,32 +147,22 @@ def main() -> None:
     unknown = set(only) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
-    models = [name for name in only if name in MODEL_SECTIONS]
-    if len(models) > 1:
-        # Each model section times train steps before it sets up memory measurement, which
-        # lasts for the process (fxfuse.measure.bench.ensure_malloc_env): one process each.
-        rest = [name for name in only if name not in MODEL_SECTIONS]
-        for name in models + ([",".join(rest)] if rest else []):
-            argv = [sys.executable, __file__, "--only", name, "--repeats", str(args.repeats)]
-            argv += ["--micro-repeats", str(args.micro_repeats)] + (["--channels-last"] if args.channels_last else [])
-            subprocess.run(argv, check=True)
-        return
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32 CPU")
-    # The micro timings first: the model sections leave the allocator set up for memory numbers.
-    if "bn_gelu" in only:
-        bn_gelu_section(args.micro_repeats, args.channels_last)
-    if "gelu" in only:
-        gelu_section(args.micro_repeats)
+
     if "convnext" in only:
         rows = model_section("convnext_tiny", 4, 224, "memory", args.repeats)
         print(target("saved activations", rows[1].saved_ratio, 0.75))
     if "vit" in only:
         rows = model_section("vit_b_16", 2, 224, "memory", args.repeats)
         print(target("saved activations", rows[1].saved_ratio, 0.85))
+    if "bn_gelu" in only:
+        bn_gelu_section(args.micro_repeats, args.channels_last)
     if "efficientnet" in only:
         rows = model_section("efficientnet_b0", 4, 224, "fast", args.repeats)
         print(target("saved activations", rows[1].saved_ratio, 0.85))
         print(target("step time", rows[1].time_ratio, 1.0))
+    if "gelu" in only:
+        gelu_section(args.micro_repeats)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Conv2d, `fxfuse.audit_channels_last` (on fake tensors) finds no op that loses th
 format, and a forward+backward of the eager model at the example inputs measures
 faster in channels_last than in the current layout on this device and dtype. The
 inputs are timed as given, not cut to batch 1: at batch 1 ResNet-50 (224², CPU)
-measured 1.02x in channels_last, at batch 8 0.63x, so a smaller batch picks the
+measured 1.05x in channels_last, at batch 8 0.79x, so a smaller batch picks the
 wrong layout (and a BatchNorm1d after pooling cannot train on one sample).
 The report says what was chosen and why.
 """

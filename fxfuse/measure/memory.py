@@ -178,8 +178,8 @@ def step_allocated_peak_bytes(step: Callable[[], None], device: torch.device = t
     """Peak growth of the bytes held by `device`'s allocator during one call of `step`.
 
     Counts tensors, not pages: the same for any state of the C allocator underneath (glibc's
-    resident memory depends on what earlier steps left in its free lists), and on CUDA the
-    same figure as torch.cuda.max_memory_allocated minus what was allocated before.
+    resident memory depends on what earlier steps left in its free lists). On CUDA the bench
+    reads torch.cuda.max_memory_allocated instead (this path is untested on a GPU).
     """
     gc.collect()
     held = peak = 0

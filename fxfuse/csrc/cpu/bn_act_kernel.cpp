@@ -299,12 +299,9 @@ std::tuple<at::Tensor, at::Tensor> backward_into(
           cp.k2[c] = sum_gx[c] / m;
         }
       }
-      if (g_stored) {
-        kt.backward_input(g, g_stored, xp, cp.coeffs(), batch_stats, Act::None, param, g_stored);
-      } else {
-        kt.backward_input(
-            g, dyp, xp, cp.coeffs(), batch_stats, a, param, grad_input.mutable_data_ptr<T>());
-      }
+      kt.backward_input(
+          g, g_stored ? g_stored : dyp, xp, cp.coeffs(), batch_stats, g_stored ? Act::None : a,
+          param, grad_input.mutable_data_ptr<T>());
     }
     auto to_tensor = [&](const std::vector<T>& v, at::ScalarType dtype) {
       at::Tensor t = at::empty({C}, input.options());
