@@ -4,7 +4,7 @@ kernels actually used, and the memory saving kept.
 Eager under CPU autocast runs conv2d / linear in bfloat16 (autocast casts input, weight
 and bias), batch_norm on the bfloat16 conv output with float32 parameters and running
 statistics (statistics computed in float32, output bfloat16), and the activation in
-bfloat16. The Autocast kernels of fxfuse::conv_bn_act / conv_act / linear_act
+bfloat16. The Autocast kernels of fxfuse::conv_bn_act / conv_act / linear_act / act_linear
 (csrc/autocast/) cast the same operands and redispatch.
 """
 
@@ -102,8 +102,9 @@ def test_fused_ops_run_under_autocast():
         fused(torch.randn(2, 3, 8, 8)).float().sum().backward()
     names = counter.names
     assert names.count("fxfuse.conv_bn_act") == 2 and names.count("fxfuse.conv_bn_act_backward") == 2
-    assert names.count("fxfuse.linear_act") == 1 and names.count("fxfuse.linear_act_backward") == 1
-    assert "aten.native_batch_norm" not in names and "aten.convolution" not in names[: names.index("fxfuse.linear_act")]
+    # fc1 → GELU → fc2: the GELU merges into fc2 (act_linear), whose input is fc1's bfloat16 output.
+    assert names.count("fxfuse.act_linear") == 1 and names.count("fxfuse.act_linear_backward") == 1
+    assert "aten.native_batch_norm" not in names and "aten.convolution" not in names[: names.index("fxfuse.act_linear")]
 
 
 def test_autocast_keeps_the_memory_saving():

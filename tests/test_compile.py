@@ -38,7 +38,7 @@ class Block(nn.Module):
 
 
 def small_net() -> nn.Module:
-    """Every fused family: conv_bn_act, add_into, batch_norm_act, conv_act, linear_act, gelu."""
+    """Every fused family: conv_bn_act, add_into, batch_norm_act, conv_act, act_linear, linear_act, gelu."""
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1),
         nn.BatchNorm2d(8),
@@ -51,8 +51,10 @@ def small_net() -> nn.Module:
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
         nn.Linear(8, 16),
-        nn.GELU(),
+        nn.GELU(),  # merged into the next Linear (act_linear)
         nn.Linear(16, 4),
+        nn.Linear(4, 4),
+        nn.Hardswish(),  # linear_act
     )
 
 
@@ -87,7 +89,13 @@ def captured_graphs(model: nn.Module, *inputs) -> list[torch.fx.GraphModule]:
 def test_one_graph_with_every_fused_site(composed):
     model = fxfuse.optimize(small_net())
     sites = [s.op for s in model.fxfuse_report.fused]
-    assert {"fxfuse::conv_bn_act", "fxfuse::batch_norm_act", "fxfuse::conv_act", "fxfuse::linear_act"} <= set(sites)
+    assert {
+        "fxfuse::conv_bn_act",
+        "fxfuse::batch_norm_act",
+        "fxfuse::conv_act",
+        "fxfuse::act_linear",
+        "fxfuse::linear_act",
+    } <= set(sites)
     (graph,) = captured_graphs(model, torch.randn(2, 3, 8, 8))
     targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
     checkpointed = sum(1 for t in targets if "tag_activation_checkpoint" in t)

@@ -1,4 +1,4 @@
-"""fxfuse::gelu(_backward), linear_act(_backward), conv_act(_backward): against eager
+"""fxfuse::gelu(_backward), linear_act(_backward), act_linear(_backward), conv_act(_backward): against eager
 PyTorch, opcheck, gradcheck, the saved-tensor contract, bad input.
 
 On CPU tensors torch.ops.fxfuse.gelu / gelu_backward dispatch to the hand-written
@@ -331,6 +331,38 @@ def test_linear_act_matches_eager(act, shape):
             torch.testing.assert_close(a, e, **tol(dtype))
 
 
+@pytest.mark.parametrize("act", ["none", "relu", "relu6", "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish"])
+@pytest.mark.parametrize("shape", [(), (5,), (3, 4), (2, 0)], ids=["1d", "2d", "3d", "empty"])
+def test_act_linear_matches_eager(act, shape):
+    p = ACT_PARAMS.get(act, 0.0)
+    for dtype, bias in ((torch.float64, True), (torch.float32, False)):
+        x, w, b = _linear_inputs(shape, 6, 7, dtype, bias)
+        x = (x.detach() * 3).requires_grad_()  # both sides of every activation's kinks
+        params = [t for t in (x, w, b) if t is not None]
+        out = layer_activation.act_linear(x, w, b, act, p)
+        ref = F.linear(apply_activation(x, act, p), w, b)
+        assert torch.equal(out, ref)  # the same ATen ops, in the same order
+        _assert_same_layout(out, ref)
+        grad = torch.randn_like(ref)
+        for a, e in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(ref, params, grad)):
+            torch.testing.assert_close(a, e, **tol(dtype))
+
+
+def test_act_linear_non_contiguous_input():
+    # A transposed activation input (the matmul path of F.linear) and a permuted 4-D one.
+    w, b = torch.randn(7, 6, dtype=torch.float64, requires_grad=True), torch.randn(7, dtype=torch.float64)
+    for x in (
+        torch.randn(6, 5, dtype=torch.float64).t(),
+        torch.randn(2, 6, 3, 4, dtype=torch.float64).permute(0, 2, 3, 1),
+    ):
+        x.requires_grad_()
+        out, ref = layer_activation.act_linear(x, w, b, "gelu"), F.linear(F.gelu(x), w, b)
+        assert torch.equal(out, ref)
+        grad = torch.randn_like(ref)
+        for a, e in zip(torch.autograd.grad(out, (x, w), grad), torch.autograd.grad(ref, (x, w), grad)):
+            torch.testing.assert_close(a, e, **tol(torch.float64))
+
+
 @pytest.mark.parametrize("act", ["none", "leaky_relu", "gelu", "hardswish"])
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels_last"])
 def test_conv_act_matches_eager(act, fmt):
@@ -376,6 +408,7 @@ def test_layer_act_reduced_precision(dtype):
     x = torch.randn(2, 3, 8).to(dtype)
     w = torch.randn(5, 8).to(dtype)
     assert torch.equal(layer_activation.linear_act(x, w, None, "gelu"), F.gelu(F.linear(x, w)))
+    assert torch.equal(layer_activation.act_linear(x, w, None, "silu"), F.linear(F.silu(x), w))
     xc, wc = torch.randn(2, 3, 6, 6).to(dtype), torch.randn(4, 3, 3, 3).to(dtype)
     assert torch.equal(
         layer_activation.conv_act(xc, wc, None, padding=1, act="silu"), F.silu(F.conv2d(xc, wc, None, 1, 1))
@@ -390,6 +423,29 @@ def test_autocast_matches_eager_autocast():
         ref = F.gelu(F.linear(x, w))
     assert out.dtype == ref.dtype == torch.bfloat16
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("input_dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_act_linear_autocast_matches_eager_autocast(input_dtype):
+    # Eager autocast runs the activation in the input's dtype, then casts for linear. A bfloat16
+    # input (a linear's output under autocast) or a float64 one takes the fused op; a float32 one
+    # would be rounded before the activation, so it takes the eager composition.
+    x = torch.randn(4, 16).to(input_dtype).requires_grad_()
+    w = torch.randn(8, 16, dtype=torch.float64 if input_dtype == torch.float64 else torch.float32)
+    w.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer_activation.act_linear(x, w, None, "gelu")
+        ref = F.linear(F.gelu(x), w)
+    assert out.dtype == ref.dtype
+    assert torch.equal(out, ref)
+    grad = torch.randn_like(ref)
+    for a, e in zip(torch.autograd.grad(out, (x, w), grad), torch.autograd.grad(ref, (x, w), grad)):
+        assert a.dtype == e.dtype
+        torch.testing.assert_close(a, e, rtol=2e-2, atol=2e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, saved = _saved_tensors(lambda: layer_activation.act_linear(x, w, None, "gelu"))
+    wide = {t.untyped_storage().data_ptr() for t in saved if t.numel() == x.numel()}
+    assert wide == {x.untyped_storage().data_ptr()} if input_dtype != torch.float32 else len(wide) == 2
 
 
 # ----------------------------------------------------------------------------
@@ -410,6 +466,14 @@ def test_linear_act_gradcheck(act, one_thread):
     assert torch.autograd.gradcheck(lambda x, w, b: ops.linear_act(x, w, b, act, 0.1), (x, w, b))
     x1, w1, _ = _linear_inputs((), 5, 4, torch.double)
     assert torch.autograd.gradcheck(lambda x, w: ops.linear_act(x, w, None, act, 0.1), (x1, w1))
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "leaky_relu", "none"])
+def test_act_linear_gradcheck(act, one_thread):
+    x, w, b = _linear_inputs((2, 3), 5, 4, torch.double)
+    assert torch.autograd.gradcheck(lambda x, w, b: ops.act_linear(x, w, b, act, 0.1), (x, w, b))
+    x1, w1, _ = _linear_inputs((), 5, 4, torch.double)
+    assert torch.autograd.gradcheck(lambda x, w: ops.act_linear(x, w, None, act, 0.1), (x1, w1))
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "hardswish"])
@@ -446,6 +510,12 @@ def _opcheck_samples(fmt):
             (torch.randn(2, 4, 5, 3), x4, torch.randn(3, 6), torch.randn(3), "gelu", 0.0, [True, True, True]),
             {},
         ),
+        (ops.act_linear.default, (*req(x4, torch.randn(3, 6)), torch.randn(3), "gelu", 0.0), {}),
+        (
+            ops.act_linear_backward.default,
+            (torch.randn(2, 4, 5, 3), x4, torch.randn(3, 6), None, "silu", 0.0, [True, True, False]),
+            {},
+        ),
         (ops.conv_act.default, (*req(x4, wg), None, [2, 2], [0, 1], [1, 1], 2, "gelu", 0.0), {}),
         (
             ops.conv_act_backward.default,
@@ -474,6 +544,8 @@ def _opcheck_samples(fmt):
         # contiguous float32 to oneDNN, which rejects the broadcast.)
         (ops.gelu_backward.default, (torch.randn(2, 1, 5), x3), {"approximate": "tanh"}),
         (ops.linear_act.default, (*req(x3, w2, b7), "gelu", 0.0), {}),
+        (ops.act_linear.default, (*req(x3, w2, b7), "gelu_tanh", 0.0), {}),
+        (ops.act_linear_backward.default, (torch.randn(2, 3, 7), x3, w2, b7, "hardswish", 0.0, [True, True, True]), {}),
         (ops.linear_act_backward.default, (torch.randn(2, 3, 7), x3, w2, b7, "gelu_tanh", 0.0, [True, True, True]), {}),
         (
             ops.linear_act_backward.default,
@@ -532,6 +604,14 @@ def test_linear_act_saves_only_its_inputs():
     assert not any(t.shape == out.shape for t in saved)  # the wide pre-activation is recomputed
     _, eager_saved = _saved_tensors(lambda: F.gelu(F.linear(x, w, b)))
     assert any(t.shape == out.shape for t in eager_saved)  # ... where eager keeps it
+
+
+def test_act_linear_saves_only_its_inputs():
+    x, w, b = _linear_inputs((8, 16), 128, 32, torch.float32)
+    _, saved = _saved_tensors(lambda: layer_activation.act_linear(x, w, b, "gelu"))
+    assert sorted(t.data_ptr() for t in saved) == sorted(t.data_ptr() for t in (x, w, b))
+    _, eager_saved = _saved_tensors(lambda: F.linear(F.gelu(x), w, b))
+    assert len({t.untyped_storage().data_ptr() for t in eager_saved if t.numel() == x.numel()}) == 2  # x, gelu(x)
 
 
 def test_conv_act_saves_only_its_inputs():
@@ -594,6 +674,31 @@ def test_linear_act_bad_input(case):
     if case != "dtype":  # the op itself checks shapes (ATen checks dtypes)
         with pytest.raises(RuntimeError, match="fxfuse::linear_act"):
             ops.linear_act(x, w, b, "gelu", 0.0)
+
+
+@pytest.mark.parametrize("case", ["in_features", "weight_rank", "bias_shape", "dtype", "scalar_input", "bad_act"])
+def test_act_linear_bad_input(case):
+    x, w, b, act = torch.randn(3, 5), torch.randn(4, 5), torch.randn(4), "gelu"
+    if case == "in_features":
+        x = torch.randn(3, 6)
+    elif case == "weight_rank":
+        w = torch.randn(4, 5, 1)
+    elif case == "bias_shape":
+        b = torch.randn(3)
+    elif case == "dtype":
+        w = w.double()
+    elif case == "scalar_input":
+        x = torch.tensor(1.0)
+    else:
+        act = "swish"
+    if case == "bad_act":
+        with pytest.raises(ValueError, match="swish"):
+            layer_activation.act_linear(x, w, b, act)
+        return
+    _same_error(lambda: layer_activation.act_linear(x, w, b, act), lambda: F.linear(F.gelu(x), w, b))
+    if case != "dtype":  # the op itself checks shapes (ATen checks dtypes)
+        with pytest.raises(RuntimeError, match="fxfuse::act_linear"):
+            ops.act_linear(x, w, b, act, 0.0)
 
 
 @pytest.mark.parametrize("case", ["channels", "rank", "dtype", "padding_same_strided", "too_small", "groups"])

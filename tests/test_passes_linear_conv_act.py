@@ -1,4 +1,8 @@
-"""Linear→GELU / Conv2d→GELU recompute fusion (mode="memory") and its interplay with the other passes."""
+"""Linear→GELU / Conv2d→GELU recompute fusion (mode="memory") and its interplay with the other passes.
+
+A GELU that feeds a Linear merges into that Linear instead (passes/act_linear.py, same bytes,
+no matmul recomputed): the MLPs here end in something else where linear_act is under test.
+"""
 
 import copy
 import sys
@@ -26,7 +30,8 @@ def test_lenet5_gelu_is_exact_and_saves_the_gelu_inputs():
     model = LeNet5()
     x = torch.randn(8, 1, 28, 28)
     optimized = fxfuse.optimize(copy.deepcopy(model), x)
-    assert _ops(optimized) == ["fxfuse::conv_act"] * 2 + ["fxfuse::linear_act"] * 2
+    # fc1→GELU→fc2→GELU→fc3: both GELUs merge into the Linear after them.
+    assert _ops(optimized) == ["fxfuse::act_linear"] * 2 + ["fxfuse::conv_act"] * 2
     assert_equivalent(model, optimized, x, dtype=torch.float64)
     saved = measure.saved_activation_bytes(model, (x,)) - measure.saved_activation_bytes(optimized, (x,))
     assert saved == optimized.fxfuse_report.saved_bytes
@@ -43,12 +48,26 @@ class MLP(nn.Module):
         return x + self.fc2(self.act(self.fc1(x)))
 
 
+class GatedHead(nn.Module):
+    """Linear→act whose output is not a Linear's input (a gate): linear_act's pattern."""
+
+    def __init__(self, width=16, act=None):
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width)
+        self.act = act or nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        return (self.act(self.fc(x)) * x.repeat(1, 1, 4)).sum(-1)
+
+
 @pytest.mark.parametrize("act", [nn.GELU(), nn.GELU(approximate="tanh"), nn.SiLU(), nn.Hardswish()])
-def test_transformer_mlp(act):
-    model = MLP(act=act)
+def test_linear_act(act):
+    model = GatedHead(act=act)
     optimized = fxfuse.optimize(copy.deepcopy(model))
     assert _ops(optimized) == ["fxfuse::linear_act"]
     assert_equivalent(model, optimized, torch.randn(2, 5, 16), dtype=torch.float64)
+    # In a transformer MLP the activation merges into the next Linear instead.
+    assert _ops(fxfuse.optimize(MLP(act=act))) == ["fxfuse::act_linear"]
 
 
 def test_relu_and_inplace_activations_are_left_alone():
@@ -81,7 +100,7 @@ def test_conv_bn_gelu_net_in_both_modes(monkeypatch):
 def test_convnext_tiny_is_exact():
     model = torchvision.models.convnext_tiny(num_classes=10)
     optimized = fxfuse.optimize(copy.deepcopy(model))
-    assert _ops(optimized).count("fxfuse::linear_act") == 18  # every block's MLP
+    assert _ops(optimized).count("fxfuse::act_linear") == 18  # every block's MLP
     assert_equivalent(model, optimized, torch.randn(2, 3, 32, 32), dtype=torch.float64)
 
 

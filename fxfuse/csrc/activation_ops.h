@@ -108,13 +108,23 @@ at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate);
 at::Tensor gelu_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& self, c10::string_view approximate);
 
-// ---- linear_act / conv_act (generic/linear_conv_act.cpp) ----
+// ---- linear_act / act_linear / conv_act (generic/linear_conv_act.cpp) ----
 // act(linear(input, weight, bias)) and its backward, which recomputes linear(...).
 at::Tensor linear_act(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     c10::string_view act, double act_param);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_act_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, c10::string_view act, double act_param,
+    std::array<bool, 3> output_mask);
+
+// linear(act(input), weight, bias) and its backward, which recomputes act(input).
+at::Tensor act_linear(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, c10::string_view act, double act_param,
     std::array<bool, 3> output_mask);

@@ -114,4 +114,15 @@ inline at::Tensor linear_act(
   return op.call(input, weight, bias, act, act_param);
 }
 
+inline at::Tensor act_linear(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param) {
+  using Fn = at::Tensor(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+      double);
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::act_linear", "").typed<Fn>();
+  return op.call(input, weight, bias, act, act_param);
+}
+
 }  // namespace fxfuse::dispatch

@@ -102,6 +102,14 @@ TORCH_LIBRARY(fxfuse, m) {
       "linear_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
       "str act, float act_param, bool[3] output_mask) "
       "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  // F.linear(act(input), weight, bias) that keeps only input, weight and bias for backward.
+  m.def(
+      "act_linear(Tensor input, Tensor weight, Tensor? bias, str act, float act_param) "
+      "-> Tensor");
+  m.def(
+      "act_linear_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "str act, float act_param, bool[3] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
   // act(F.conv2d(input, weight, bias, ...)) that keeps only input, weight and bias.
   m.def(
       "conv_act(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "

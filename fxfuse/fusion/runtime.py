@@ -133,6 +133,22 @@ def linear_act_module(x: Tensor, linear: nn.Linear, act: str, act_param: float) 
     return ops.linear_act(x, linear.weight, linear.bias, act, act_param)
 
 
+def _identity_now(module: nn.Module) -> bool:
+    return type(module) is nn.Identity or (isinstance(module, nn.Dropout) and (module.p == 0 or not module.training))
+
+
+def act_linear_module(x: Tensor, act: str, act_param: float, linear: nn.Linear, *between: nn.Module) -> Tensor:
+    """`linear(between(act(x)))`, keeping only `x` for backward, where every module of `between`
+    (nn.Identity, nn.Dropout: passes/act_linear.py) is the identity in this call: a Dropout
+    whose p is 0 or that is in eval. Otherwise the modules run as they are, eagerly."""
+    if all(_identity_now(m) for m in between):
+        return ops.act_linear(x, linear.weight, linear.bias, act, act_param)
+    y = apply_activation(x, act, act_param)
+    for module in between:
+        y = module(y)
+    return linear(y)
+
+
 def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(x))`, keeping only `x` and the statistics for backward."""
     if not (kernels_apply(x, _bn_tensors(bn)) and x.shape[1] == bn.num_features):

@@ -15,10 +15,20 @@ from .batch_norm_conv import bn_act_conv
 from .checks import ACTIVATIONS
 from .conv_batch_norm import conv_bn_act
 from .gelu_activation import gelu
-from .layer_activation import conv_act, linear_act
+from .layer_activation import act_linear, conv_act, linear_act
 
 if _extension.loaded():
     for _family in (batch_norm, batch_norm_conv, conv_batch_norm, gelu_activation, layer_activation):
         _family.register()
 
-__all__ = ["ACTIVATIONS", "batch_norm_act", "bn_act_conv", "compiled", "conv_act", "conv_bn_act", "gelu", "linear_act"]
+__all__ = [
+    "ACTIVATIONS",
+    "act_linear",
+    "batch_norm_act",
+    "bn_act_conv",
+    "compiled",
+    "conv_act",
+    "conv_bn_act",
+    "gelu",
+    "linear_act",
+]

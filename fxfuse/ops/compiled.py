@@ -43,7 +43,14 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from .checks import apply_activation
 
-__all__ = ["applies", "composing", "compiled_batch_norm_act", "compiled_conv_bn_act", "compiled_layer_act"]
+__all__ = [
+    "applies",
+    "composing",
+    "compiled_act_layer",
+    "compiled_batch_norm_act",
+    "compiled_conv_bn_act",
+    "compiled_layer_act",
+]
 
 _aten = torch.ops.aten
 # Saved by backward instead of recomputed: per-channel statistics (C values each).
@@ -160,3 +167,12 @@ def _layer_act_body(*args, layer, act, act_param):
 def compiled_layer_act(layer, args: tuple, act: str, act_param: float) -> Tensor:
     """`act(layer(*args))` (conv_act, linear_act) under torch.compile: backward keeps only `args`."""
     return _recomputed(functools.partial(_layer_act_body, layer=layer, act=act, act_param=act_param), *args)
+
+
+def _act_layer_body(input, *args, layer, act, act_param):
+    return layer(apply_activation(input, act, act_param), *args)
+
+
+def compiled_act_layer(layer, args: tuple, act: str, act_param: float) -> Tensor:
+    """`layer(act(args[0]), *args[1:])` (act_linear) under torch.compile: backward keeps only `args`."""
+    return _recomputed(functools.partial(_act_layer_body, layer=layer, act=act, act_param=act_param), *args)

@@ -1,9 +1,16 @@
-"""The layer + activation family: `linear_act`, `conv_act` and their fxfuse ops.
+"""The layer + activation family: `linear_act`, `conv_act`, `act_linear` and their fxfuse ops.
 
 `linear_act(input, weight, bias, act)` computes `act(F.linear(input, weight, bias))`
 and `conv_act(input, weight, bias, ..., act)` computes `act(F.conv2d(...))`; both keep
 only the layer's input and parameters for backward, whose ops recompute the
 pre-activation (the wide linear / conv output) instead of keeping it.
+
+`act_linear(input, weight, bias, act)` computes `F.linear(act(input), weight, bias)`
+the other way round: eager keeps the activation's input for its backward and its
+output for the linear's weight gradient; the op keeps only the input and recomputes
+the activation (one pointwise pass) for the weight gradient. In a transformer or
+ConvNeXt MLP (Linear → GELU → Linear) that is the 4×-wide GELU output, for no
+matmul recomputed.
 
 Under torch.autocast (CPU, CUDA) they cast their operands as autocast casts F.linear /
 F.conv2d (their Autocast kernels, csrc/autocast/). Calls the fused ops cannot serve
@@ -38,7 +45,7 @@ from .checks import (
     plain,
 )
 
-__all__ = ["conv_act", "linear_act"]
+__all__ = ["act_linear", "conv_act", "linear_act"]
 
 
 def linear_act(
@@ -60,6 +67,27 @@ def linear_act(
             return compiled.compiled_layer_act(F.linear, (input, weight, bias), act, act_param)
         return torch.ops.fxfuse.linear_act(input, weight, bias, act, float(act_param))
     return apply_activation(F.linear(input, weight, bias), act, act_param)
+
+
+def act_linear(
+    input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, act: str = "gelu", act_param: float = 0.0
+) -> Tensor:
+    """`F.linear(act(input), weight, bias)` that keeps only input, weight and bias for backward."""
+    check_act(act)
+    if (
+        plain(input, weight, bias)
+        and weight is not None
+        and fusable(input)
+        and layer_dtype(input, (weight, bias)) is not None
+        and input.dim() >= 1
+        and weight.dim() == 2
+        and input.shape[-1] == weight.shape[1]
+        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
+    ):
+        if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
+            return compiled.compiled_act_layer(F.linear, (input, weight, bias), act, act_param)
+        return torch.ops.fxfuse.act_linear(input, weight, bias, act, float(act_param))
+    return F.linear(apply_activation(input, act, act_param), weight, bias)
 
 
 def conv_act(
@@ -107,19 +135,18 @@ def _conv2d(input, weight, bias, *, stride, padding, dilation, groups):
 # --------------------------------------------------------------------------- linear_act
 
 
-def _check_linear(input, weight, bias) -> None:
-    torch._check(input.dim() >= 1, lambda: "fxfuse::linear_act: expected an input with at least 1 dimension")
+def _check_linear(input, weight, bias, op: str = "linear_act") -> None:
+    torch._check(input.dim() >= 1, lambda: f"fxfuse::{op}: expected an input with at least 1 dimension")
     torch._check(
         weight.dim() == 2,
         lambda: (
-            f"fxfuse::linear_act: expected a 2-D weight of shape (out_features, in_features), "
-            f"got shape {tuple(weight.shape)}"
+            f"fxfuse::{op}: expected a 2-D weight of shape (out_features, in_features), got shape {tuple(weight.shape)}"
         ),
     )
     torch._check(
         input.shape[-1] == weight.shape[1],
         lambda: (
-            f"fxfuse::linear_act: expected the input's last dimension to equal in_features = "
+            f"fxfuse::{op}: expected the input's last dimension to equal in_features = "
             f"{weight.shape[1]}, got input of shape {tuple(input.shape)}"
         ),
     )
@@ -127,7 +154,7 @@ def _check_linear(input, weight, bias) -> None:
         torch._check(
             bias.dim() == 1 and bias.shape[0] == weight.shape[0],
             lambda: (
-                f"fxfuse::linear_act: expected a bias of shape [{weight.shape[0]}] (out_features), "
+                f"fxfuse::{op}: expected a bias of shape [{weight.shape[0]}] (out_features), "
                 f"got shape {tuple(bias.shape)}"
             ),
         )
@@ -161,6 +188,35 @@ def _linear_act_bwd(ctx, grad_out):
     act, act_param = ctx.config
     need = ctx.needs_input_grad
     grad_input, grad_weight, grad_bias = torch.ops.fxfuse.linear_act_backward(
+        grad_out, input, weight, bias, act, act_param, [need[0], need[1], need[2]]
+    )
+    return grad_input, grad_weight, grad_bias, None, None
+
+
+# --------------------------------------------------------------------------- act_linear
+
+
+def _act_linear_fake(input, weight, bias, act, act_param):
+    _check_linear(input, weight, bias, "act_linear")
+    check_act(act)
+    return torch.ops.aten.linear.default(input, weight, bias)
+
+
+def _act_linear_backward_fake(grad_out, input, weight, bias, act, act_param, output_mask):
+    _check_linear(input, weight, bias, "act_linear_backward")
+    check_act(act)
+    return (
+        input.new_empty(input.shape) if output_mask[0] else None,
+        weight.new_empty(weight.shape) if output_mask[1] else None,
+        bias.new_empty(bias.shape) if output_mask[2] and bias is not None else None,
+    )
+
+
+def _act_linear_bwd(ctx, grad_out):
+    input, weight, bias = ctx.saved_tensors
+    act, act_param = ctx.config
+    need = ctx.needs_input_grad
+    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.act_linear_backward(
         grad_out, input, weight, bias, act, act_param, [need[0], need[1], need[2]]
     )
     return grad_input, grad_weight, grad_bias, None, None
@@ -215,6 +271,10 @@ def register() -> None:
     torch.library.register_fake("fxfuse::linear_act", _linear_act_fake)
     torch.library.register_fake("fxfuse::linear_act_backward", _linear_act_backward_fake)
     torch.library.register_autograd("fxfuse::linear_act", _linear_act_bwd, setup_context=_linear_act_setup)
+    torch.library.register_fake("fxfuse::act_linear", _act_linear_fake)
+    torch.library.register_fake("fxfuse::act_linear_backward", _act_linear_backward_fake)
+    # Same saved tensors and config as linear_act: input, weight, bias.
+    torch.library.register_autograd("fxfuse::act_linear", _act_linear_bwd, setup_context=_linear_act_setup)
     torch.library.register_fake("fxfuse::conv_act", _conv_act_fake)
     torch.library.register_fake("fxfuse::conv_act_backward", _conv_act_backward_fake)
     torch.library.register_autograd("fxfuse::conv_act", _conv_act_bwd, setup_context=_conv_act_setup)

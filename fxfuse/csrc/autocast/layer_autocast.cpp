@@ -9,6 +9,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
+#include <ATen/ops/linear.h>
+
+#include "../activation_ops.h"
 #include "../dispatch.h"
 
 namespace fxfuse {
@@ -51,6 +54,25 @@ at::Tensor linear_act_autocast(
   return dispatch::linear_act(cast(input), cast(weight), cast(bias), act, act_param);
 }
 
+// Eager autocast runs the activation in the input's own dtype (no activation is on an autocast
+// list) and then casts its output for linear. Casting the input first would round it before the
+// activation, so an input that autocast would cast takes the eager composition (eager's memory
+// too); an input already in the autocast dtype (the usual case: a linear's output) or one
+// autocast leaves alone (float64) takes the fused op with the weight and bias cast as for linear.
+template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
+at::Tensor act_linear_autocast(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  const auto dt = at::autocast::get_autocast_dtype(device_type);
+  auto cast = [dt](const auto& t) { return at::autocast::cached_cast(dt, t, device_type); };
+  if (cast(input).scalar_type() != input.scalar_type()) {
+    return at::linear(
+        cast(act_forward(input, parse_act(act), act_param)), cast(weight), cast(bias));
+  }
+  return dispatch::act_linear(input, cast(weight), cast(bias), act, act_param);
+}
+
 }  // namespace
 
 #define FXFUSE_REGISTER_AUTOCAST(KEY, DEVICE)                                                   \
@@ -58,6 +80,7 @@ at::Tensor linear_act_autocast(
     m.impl("conv_bn_act", TORCH_FN((conv_bn_act_autocast<c10::DispatchKey::KEY, DEVICE>)));    \
     m.impl("conv_act", TORCH_FN((conv_act_autocast<c10::DispatchKey::KEY, DEVICE>)));          \
     m.impl("linear_act", TORCH_FN((linear_act_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
+    m.impl("act_linear", TORCH_FN((act_linear_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
   }
 
 FXFUSE_REGISTER_AUTOCAST(AutocastCPU, c10::DeviceType::CPU)

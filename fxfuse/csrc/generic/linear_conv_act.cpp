@@ -1,5 +1,6 @@
 // Linear -> activation and Conv2d -> activation that keep only the layer's input
-// (and parameters) for backward. The backward ops recompute the pre-activation
+// (and parameters) for backward, and activation -> Linear, which keeps only the
+// activation's input. The backward ops recompute the pre-activation
 // y = linear(x) / conv2d(x), take the gradient through the activation, then run
 // the layer's backward. Built from ATen calls only (the matmul / convolution
 // dominates), registered as CompositeExplicitAutograd: one implementation for
@@ -101,6 +102,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_act_backward(
   return {grad_input, grad_weight, grad_bias};
 }
 
+// linear(act(input)): eager keeps both input (for the activation's backward) and
+// act(input) (for the weight gradient); this keeps input alone and recomputes
+// act(input), one pointwise pass, for the weight gradient.
+at::Tensor act_linear(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param) {
+  check_linear_args(input, weight, bias, "act_linear");
+  const Act a = parse_act(act);
+  return at::linear(act_forward(input, a, act_param), weight, bias);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, c10::string_view act, double act_param,
+    std::array<bool, 3> output_mask) {
+  check_linear_args(input, weight, bias, "act_linear_backward");
+  const Act a = parse_act(act);
+  const bool has_bias = has(bias);
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (output_mask[1] || (output_mask[2] && has_bias)) {
+    const at::Tensor g2 = grad_out.reshape({-1, weight.size(0)});
+    // The recomputed activation lives only for this product.
+    if (output_mask[1]) {
+      grad_weight = at::mm(g2.t(), act_forward(input, a, act_param).reshape({-1, weight.size(1)}));
+    }
+    if (output_mask[2] && has_bias) grad_bias = g2.sum(0);
+  }
+  if (output_mask[0]) grad_input = act_backward(at::matmul(grad_out, weight), input, a, act_param);
+  return {grad_input, grad_weight, grad_bias};
+}
+
 at::Tensor conv_act(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
@@ -137,6 +169,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_act_backward(
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("linear_act", &linear_act);
   m.impl("linear_act_backward", &linear_act_backward);
+  m.impl("act_linear", &act_linear);
+  m.impl("act_linear_backward", &act_linear_backward);
   m.impl("conv_act", &conv_act);
   m.impl("conv_act_backward", &conv_act_backward);
 }

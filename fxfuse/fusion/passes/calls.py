@@ -1,6 +1,7 @@
-"""Conv2d and BatchNorm2d calls in either form (module call or F.* call), normalised.
+"""Conv2d, BatchNorm2d and Linear calls in either form (module call or F.* call), normalised.
 
-`as_conv` / `as_batch_norm` return `(call, problem)`: `call` when the node is a
+`as_conv` / `as_batch_norm` return `(call, problem)` (`as_linear`: F.linear's arguments
+by name, {} for a module call): `call` when the node is a
 fusable conv/BN, `problem` (a reason) when it is a conv/BN that cannot be fused
 exactly, and `(None, None)` when it is neither.
 """
@@ -12,6 +13,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
@@ -26,6 +28,7 @@ from .matchers import (
     first_input,
     is_bn_function,
     is_conv_function,
+    layer_module_problem,
     norm_act_activation,
     site_name,
 )
@@ -49,6 +52,26 @@ class LayerCall:
     @property
     def input(self) -> fx.Node:
         return self.node.args[0] if self.module is not None else self.args["input"]
+
+
+_LINEAR_ARGS = ("input", "weight", "bias")
+
+
+def as_linear(node: fx.Node, ctx: PassContext) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """F.linear's arguments (nodes or constants) for a functional call, {} for a module call, or why not."""
+    if node.op == "call_module":
+        m = ctx.modules.get(node.target)
+        if not isinstance(m, nn.Linear):
+            return None, None
+        problem = layer_module_problem(m, nn.Linear, "Linear") or (
+            None if len(node.args) == 1 and not node.kwargs else "unexpected Linear call arguments"
+        )
+        return (None, problem) if problem else ({}, None)
+    if node.op == "call_function" and node.target in (F.linear, torch._C._nn.linear):
+        if len(node.args) > 3 or set(node.kwargs) - set(_LINEAR_ARGS):
+            return None, "unrecognised F.linear arguments"
+        return {"bias": None, **dict(zip(_LINEAR_ARGS, node.args)), **node.kwargs}, None
+    return None, None
 
 
 def _bind_conv(node: fx.Node) -> Optional[dict[str, Any]]:
@@ -141,7 +164,7 @@ class ActivationUse:
 _INPLACE_FUNCTIONS = {F.relu_, F.leaky_relu_}
 
 
-def _is_inplace(node: fx.Node, ctx: PassContext) -> bool:
+def is_inplace(node: fx.Node, ctx: PassContext) -> bool:
     if node.op == "call_method":
         return node.target.endswith("_")
     if node.op == "call_module":
@@ -172,8 +195,8 @@ def activation_after(bn_node: fx.Node, ctx: PassContext) -> Optional[ActivationU
         if act is None or first_input(user) is not bn_node or _uses(user, bn_node) != 1:
             return None  # the first user is not a fusable activation
         if len(users) == 1:
-            return ActivationUse(act, user, _is_inplace(user, ctx))
-        if _is_inplace(user, ctx):
+            return ActivationUse(act, user, is_inplace(user, ctx))
+        if is_inplace(user, ctx):
             return ActivationUse(act, user, True, tuple(u for u in users if u is not user))
         return None
     return None

@@ -9,7 +9,7 @@ anyway. The fused op recomputes it in backward.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.fx as fx
@@ -19,29 +19,10 @@ from torch import nn
 from ... import ops
 from .. import runtime
 from . import estimates
-from .calls import activation_after, as_conv, pattern_name
+from .calls import activation_after, as_conv, as_linear, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
-from .matchers import layer_module_problem, site_name
-
-_LINEAR_ARGS = ("input", "weight", "bias")
-
-
-def _as_linear(node: fx.Node, ctx: PassContext) -> tuple[Optional[dict[str, Any]], Optional[str]]:
-    """F.linear's arguments (nodes or constants) for a functional call, {} for a module call, or why not."""
-    if node.op == "call_module":
-        m = ctx.modules.get(node.target)
-        if not isinstance(m, nn.Linear):
-            return None, None
-        problem = layer_module_problem(m, nn.Linear, "Linear") or (
-            None if len(node.args) == 1 and not node.kwargs else "unexpected Linear call arguments"
-        )
-        return (None, problem) if problem else ({}, None)
-    if node.op == "call_function" and node.target in (F.linear, torch._C._nn.linear):
-        if len(node.args) > 3 or set(node.kwargs) - set(_LINEAR_ARGS):
-            return None, "unrecognised F.linear arguments"
-        return {"bias": None, **dict(zip(_LINEAR_ARGS, node.args)), **node.kwargs}, None
-    return None, None
+from .matchers import site_name
 
 
 def _kind(node: fx.Node, ctx: PassContext) -> Optional[str]:
@@ -59,7 +40,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     if act is None or act.activation.name not in estimates.SAVES_INPUT or act.inplace or act.later_users:
         return None
     if kind == "linear":
-        args, problem = _as_linear(node, ctx)
+        args, problem = as_linear(node, ctx)
         module_fn, fn = runtime.linear_act_module, ops.linear_act
     else:
         conv, problem = as_conv(node, ctx)
