@@ -8,7 +8,9 @@ modules (timm's MixedConv2d concatenates several, CondConv2d reshapes F.conv2d's
 no site by this definition: there is no Conv→BN pair to fuse there.
 
 `coverage` then matches every existing site against a FusionReport: fused, skipped (with the
-report's reason), or not seen by the pass at all.
+report's reason), or not seen by the pass at all. A site is fused in either form: as one Conv→BN
+site (conv_bn_act), or with its BN fused on its own (batch_norm_act, bn_act_conv), which is what
+every mode does where recomputing the conv would free nothing (fusion/policy.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 CONV_BN_PATTERN = "conv2d→batch_norm2d"  # prefix of the conv_bn_act pass's pattern names
+BN_PATTERN = "batch_norm2d→"  # prefix of the bn_act pass's (BN fused on its own, conv kept)
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,9 @@ def coverage(sites: Sequence[Site], report) -> Coverage:
     """Match existing `sites` against an fxfuse FusionReport's Conv→BN entries."""
     fused, skipped, unseen = [], {}, []
     for site in sites:
-        if any(f.pattern.startswith(CONV_BN_PATTERN) and _refers_to(f.modules, site) for f in report.fused):
+        if any(f.pattern.startswith(CONV_BN_PATTERN) and _refers_to(f.modules, site) for f in report.fused) or any(
+            f.pattern.startswith(BN_PATTERN) and _names(site.bn, f.modules[0]) for f in report.fused
+        ):
             fused.append(site)
             continue
         reason = next(

@@ -102,8 +102,8 @@ def test_one_graph_with_every_fused_site(composed):
     if composed:  # a recompute region per site; GELU is F.gelu
         assert not [t for t in targets if "fxfuse" in t]
         assert checkpointed == len([s for s in sites if s != "fxfuse::gelu"])
-    else:  # every site is its fused op
-        assert sorted(t.replace(".", "::", 1) for t in targets if t.startswith("fxfuse.")) == sorted(sites)
+    else:  # every site is its fused op (a BN→act merged into a Conv→BN→act is one bn_act_conv for both)
+        assert {t.replace(".", "::", 1) for t in targets if t.startswith("fxfuse.")} == set(sites)
         assert checkpointed == 0
 
 

@@ -65,7 +65,12 @@ def maxvit_t_small():
 MODELS = {
     "vit_b_16": (vit_b_16_small, 32, {"fxfuse::act_linear": 2}),
     "swin_t": (swin_t_small, 32, {"fxfuse::act_linear": 8}),
-    "maxvit_t": (maxvit_t_small, 32, {"fxfuse::conv_bn_act": 7, "fxfuse::conv_act": 3, "fxfuse::act_linear": 6}),
+    # MBConv: four of its Conv→BN→act sites feed the next conv, so their BN→act merges into it instead
+    "maxvit_t": (
+        maxvit_t_small,
+        32,
+        {"fxfuse::conv_bn_act": 3, "fxfuse::bn_act_conv": 4, "fxfuse::conv_act": 3, "fxfuse::act_linear": 6},
+    ),
 }
 
 

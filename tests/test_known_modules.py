@@ -153,7 +153,8 @@ def test_timm_blocks_with_squeeze_excite():
         timm_layers.ConvNormAct(8, 16, 1, apply_act=False),
     ).to(F64)
     x = torch.randn(2, 3, 16, 16, dtype=F64)
-    _check(model, x, ["conv2d→batch_norm2d→silu", "conv2d→batch_norm2d→relu", "conv2d→batch_norm2d"])
+    # The depthwise ConvNormAct's BN→ReLU feeds the 1×1 conv: merged into it (bn_act_conv), its conv not recomputed.
+    _check(model, x, ["conv2d→batch_norm2d→silu", "batch_norm2d→relu", "conv2d→batch_norm2d"])
 
 
 def test_conv2d_same_then_activation_is_fused():

@@ -24,7 +24,7 @@ def register(subparsers) -> None:
         "--mode",
         choices=MODES,
         default="memory",
-        help="memory: recompute convs/linears to keep only their inputs (default); "
+        help="memory: recompute convs/linears to keep only their inputs, wherever that frees memory (default); "
         "fast: only pointwise recompute; auto: recompute only where it is cheap per byte",
     )
     parser.add_argument(

@@ -3,7 +3,7 @@
     tracing (+ state_guard)  trace the model with torch.fx, never changing it
     shapes                   tensor metadata of the graph from example inputs (meta device)
     passes/                  patterns: a matcher per pattern, one driver that rewrites and reports
-    policy                   which sites to fuse (mode="auto", memory_budget)
+    policy                   which sites to fuse (mode="memory"/"auto", memory_budget)
     runtime                  what rewritten graphs call: the user's modules read at call time
     report                   FusionReport
     optimize                 optimize / explain: trace → passes → install on the user's module

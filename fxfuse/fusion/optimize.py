@@ -367,12 +367,13 @@ def _decide(
     model: nn.Module, inputs, mode: str, memory_budget, peak_budget=None
 ) -> tuple[Options, Optional[policy.Decision]]:
     """Options for the final rewrite; for auto and budgets, the policy's selection too."""
-    if mode != "auto" and memory_budget is None and peak_budget is None:
+    if mode == "fast" and memory_budget is None and peak_budget is None:
         return Options(mode), None
     memory = _run(model, inputs, Options("memory"), install=False)
     fast = _run(model, inputs, Options("fast"), install=False)
     if memory_budget is None and peak_budget is None:
-        decision = policy.choose_auto(model, memory, fast)
+        choose = policy.choose_auto if mode == "auto" else policy.choose_memory
+        decision = choose(model, memory, fast)
     else:
         decision = policy.choose_budget(
             model,
@@ -419,7 +420,9 @@ def optimize(
     tuple of forward arguments) sizes every site; no real compute is done with them.
 
     mode="memory" recomputes convolutions (and linear layers before an activation) in
-    backward to keep only their inputs; mode="fast" only recomputes pointwise work
+    backward to keep only their inputs, wherever that frees memory beyond the pointwise
+    form (a conv whose BN→activation output feeds the next conv is not recomputed: the
+    next conv rebuilds that output anyway); mode="fast" only recomputes pointwise work
     (BN-apply and the activation); mode="auto" recomputes only the layers that are cheap
     per byte freed (see fxfuse.policy).
 

@@ -155,8 +155,8 @@ def select(prefix: list[Entry], pointwise: list[FusedSite], region_order: list[s
         for e in prefix
         if isinstance(e, Candidate) and not any(site_in_region(e.site.modules, r.cost) for r in regions)
     ]
-    taken = {name for c in upgrades for name in c.site.modules}
-    fallback = {p.modules for p in pointwise if not set(p.modules) & taken}
+    taken = {name for c in upgrades for name in c.site.layers}
+    fallback = {p.modules for p in pointwise if not p.layers & taken}
     allowed = frozenset({c.site.modules for c in upgrades} | fallback)
     return Selection(allowed, fallback, _groups(regions, links, region_order), upgrades, regions, links)
 

@@ -27,6 +27,9 @@ def format_flops(n: Optional[float]) -> str:
     return f"{n:.0f} FLOP"
 
 
+_LAYER_PARTS = ("conv2d", "batch_norm2d", "linear")  # pattern parts that name a layer, not an activation
+
+
 @dataclass
 class FusedSite:
     modules: tuple[str, ...]  # module paths (or scope:function for functional calls), in forward order
@@ -37,10 +40,20 @@ class FusedSite:
     recompute_flops: Optional[int] = None  # extra work in backward
     reason: str = ""  # why the policy chose it: what is kept and what is recomputed (or why it is faster)
     mode: str = ""  # the mode that chose this site: "memory", "fast" or "auto"
+    merged_into: str = ""  # fxfuse::bn_act_conv: the conv whose input this site's output is (passes/bn_act_conv.py)
 
     @property
     def name(self) -> str:
         return " + ".join(self.modules)
+
+    @property
+    def layers(self) -> frozenset:
+        """Its conv, BN and linear module names: what two sites on the same nodes share. Not its
+        activation's, since one activation module may serve several sites (LeNet's one nn.GELU)."""
+        parts = self.pattern.split("→")
+        if len(parts) != len(self.modules):
+            return frozenset(self.modules)
+        return frozenset(m for m, part in zip(self.modules, parts) if part in _LAYER_PARTS)
 
 
 @dataclass

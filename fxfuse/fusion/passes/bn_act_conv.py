@@ -97,6 +97,7 @@ def _credit(ctx: PassContext, bn_site: fx.Node, user: fx.Node) -> None:
         return
     conv = user.target if user.op == "call_module" else user.args[1].target
     site.op = "fxfuse::bn_act_conv"
+    site.merged_into = conv
     site.reason += f"; its output feeds only {conv} and is not kept: rebuilt in {conv}'s backward"
     output = estimates.nbytes(ctx.shapes, bn_site)
     if site.saved_bytes is not None:
