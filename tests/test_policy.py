@@ -1,4 +1,4 @@
-"""memory_budget= and mode="auto": the budget is met when reachable, choices are monotone, results exact."""
+"""memory_budget=, mode="auto" and mode="memory": budgets met when reachable, monotone choices, exact results."""
 
 import copy
 import pickle
@@ -263,3 +263,37 @@ def test_auto_limit_is_documented_in_flops_per_byte():
     conv = nn.Conv2d(128, 256, 1)
     site = fxfuse.fusion.report.FusedSite(("0",), "conv2d→batch_norm2d", "none", "fxfuse::conv_bn_act")
     assert policy._intrinsic_flops_per_byte(nn.Sequential(conv), site) == policy.AUTO_MAX_FLOPS_PER_BYTE
+
+
+# ---------------------------------------------------------------- mode="memory"
+
+
+def test_memory_mode_recomputes_no_conv_that_frees_nothing():
+    """A Conv→BN→act whose output feeds the next conv is left in its pointwise form (bn_act_conv):
+    recomputing its conv would keep the conv input instead of the BN input, of the same size.
+    The same bytes as recomputing every conv, with 21 of ResNet-50's 53 recomputes."""
+    from fxfuse.fusion.optimize import Options, _run
+
+    x = torch.randn(2, 3, 64, 64)
+    optimized = fxfuse.optimize(_resnet(), x)
+    report = optimized.fxfuse_report
+    recomputes = [s for s in report.fused if s.op in policy.RECOMPUTE_OPS]
+    assert len(recomputes) == 21  # the stem, 16 conv3 (output kept for the residual add), 4 downsample
+    idle = [s for s in report.skipped if "free nothing" in s.reason]
+    assert len(idle) == 32 and {s.modules[0].rsplit(".", 1)[-1] for s in idle} == {"conv1", "conv2"}
+    every = _resnet()
+    every_report = _run(every, (x,), Options("memory"), install=True)  # every conv recomputed: mode="memory" before
+    assert sum(s.op in policy.RECOMPUTE_OPS for s in every_report.fused) == 53
+    assert measure.saved_activation_bytes(optimized, (x,)) == measure.saved_activation_bytes(every, (x,))
+
+
+def test_memory_mode_keeps_an_upgrade_whose_next_conv_recomputes_itself():
+    # BN→GELU cannot merge into a conv that is itself a conv→GELU site (conv_act): the first site's
+    # conv is recomputed then, as the pointwise form would keep both its BN input and GELU output.
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(), nn.Conv2d(8, 8, 3, padding=1), nn.GELU()
+    )
+    x = torch.randn(2, 3, 8, 8)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    assert sorted(s.op for s in optimized.fxfuse_report.fused) == ["fxfuse::conv_act", "fxfuse::conv_bn_act"]
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
