@@ -112,6 +112,20 @@ def _intrinsic_flops_per_byte(model: nn.Module, site: FusedSite) -> Optional[flo
     return 2.0 * per_output / weight.element_size()
 
 
+def _candidate(model: nn.Module, site: FusedSite, pointwise: list[FusedSite]) -> Candidate:
+    """`site` as an upgrade of the pointwise sites on its layers, with its bytes and cost where known."""
+    fallback = [p for p in pointwise if p.layers & site.layers]
+    marginal = None
+    if site.saved_bytes is not None and all(p.saved_bytes is not None for p in fallback):
+        marginal = site.saved_bytes - sum(p.saved_bytes for p in fallback)
+    ratio = None
+    if site.recompute_flops is not None and marginal:
+        ratio = site.recompute_flops / marginal
+    if ratio is None:
+        ratio = _intrinsic_flops_per_byte(model, site)
+    return Candidate(site, fallback, marginal, ratio)
+
+
 def candidates(model: nn.Module, memory: FusionReport, fast: FusionReport) -> tuple[list[Candidate], list[FusedSite]]:
     """Upgrades ranked cheapest first, and the pointwise sites (taken in any case).
 
@@ -121,21 +135,13 @@ def candidates(model: nn.Module, memory: FusionReport, fast: FusionReport) -> tu
     for site in memory.fused:
         if site.op not in RECOMPUTE_OPS:
             continue
-        fallback = [p for p in pointwise if p.layers & site.layers]
-        marginal = None
-        if site.saved_bytes is not None and all(p.saved_bytes is not None for p in fallback):
-            marginal = site.saved_bytes - sum(p.saved_bytes for p in fallback)
-        merged = bool(fallback) and all(p.op == "fxfuse::bn_act_conv" for p in fallback)
-        if merged or (marginal is not None and marginal <= 0):
+        candidate = _candidate(model, site, pointwise)
+        merged = bool(candidate.fallback) and all(p.op == "fxfuse::bn_act_conv" for p in candidate.fallback)
+        if merged or (candidate.marginal_bytes is not None and candidate.marginal_bytes <= 0):
             # The pointwise form already frees as much: its BN→activation output is rebuilt by the
             # next conv (passes/bn_act_conv.py), which keeps an input of the same size.
             continue
-        ratio = None
-        if site.recompute_flops is not None and marginal:
-            ratio = site.recompute_flops / marginal
-        if ratio is None:
-            ratio = _intrinsic_flops_per_byte(model, site)
-        upgrades.append(Candidate(site, fallback, marginal, ratio))
+        upgrades.append(candidate)
     upgrades.sort(key=lambda c: (c.flops_per_byte is None, c.flops_per_byte or 0.0, -(c.marginal_bytes or 0)))
     return upgrades, pointwise
 
@@ -164,11 +170,12 @@ def choose_memory(model: nn.Module, memory: FusionReport, fast: FusionReport) ->
     for site in memory.fused:
         if site.op not in RECOMPUTE_OPS:
             continue
-        fallback = [p for p in pointwise if p.layers & site.layers]
+        candidate = _candidate(model, site, pointwise)
+        fallback = candidate.fallback
         if fallback and all(p.op == "fxfuse::bn_act_conv" and p.merged_into not in merge_breakers for p in fallback):
             idle.append(site)
         else:
-            upgrades.append(Candidate(site, fallback, None, None))
+            upgrades.append(candidate)
     allowed, fallback_names = allowed_names(upgrades, pointwise)
     return Decision(allowed, "memory", upgrades, [], fallback_names, idle=idle)
 
