@@ -657,8 +657,7 @@ def test_gelu_bad_dtype():
     _same_error(lambda: ops.gelu(x), lambda: F.gelu(x))
 
 
-@pytest.mark.parametrize("case", ["in_features", "weight_rank", "bias_shape", "dtype", "scalar_input"])
-def test_linear_act_bad_input(case):
+def _bad_linear_args(case):
     x, w, b = torch.randn(3, 5), torch.randn(4, 5), torch.randn(4)
     if case == "in_features":
         x = torch.randn(3, 6)
@@ -670,35 +669,33 @@ def test_linear_act_bad_input(case):
         w = w.double()
     else:
         x = torch.tensor(1.0)
+    return x, w, b
+
+
+BAD_LINEAR_CASES = ["in_features", "weight_rank", "bias_shape", "dtype", "scalar_input"]
+
+
+@pytest.mark.parametrize("case", BAD_LINEAR_CASES)
+def test_linear_act_bad_input(case):
+    x, w, b = _bad_linear_args(case)
     _same_error(lambda: layer_activation.linear_act(x, w, b, "gelu"), lambda: F.gelu(F.linear(x, w, b)))
     if case != "dtype":  # the op itself checks shapes (ATen checks dtypes)
         with pytest.raises(RuntimeError, match="fxfuse::linear_act"):
             ops.linear_act(x, w, b, "gelu", 0.0)
 
 
-@pytest.mark.parametrize("case", ["in_features", "weight_rank", "bias_shape", "dtype", "scalar_input", "bad_act"])
+@pytest.mark.parametrize("case", BAD_LINEAR_CASES)
 def test_act_linear_bad_input(case):
-    x, w, b, act = torch.randn(3, 5), torch.randn(4, 5), torch.randn(4), "gelu"
-    if case == "in_features":
-        x = torch.randn(3, 6)
-    elif case == "weight_rank":
-        w = torch.randn(4, 5, 1)
-    elif case == "bias_shape":
-        b = torch.randn(3)
-    elif case == "dtype":
-        w = w.double()
-    elif case == "scalar_input":
-        x = torch.tensor(1.0)
-    else:
-        act = "swish"
-    if case == "bad_act":
-        with pytest.raises(ValueError, match="swish"):
-            layer_activation.act_linear(x, w, b, act)
-        return
-    _same_error(lambda: layer_activation.act_linear(x, w, b, act), lambda: F.linear(F.gelu(x), w, b))
+    x, w, b = _bad_linear_args(case)
+    _same_error(lambda: layer_activation.act_linear(x, w, b, "gelu"), lambda: F.linear(F.gelu(x), w, b))
     if case != "dtype":  # the op itself checks shapes (ATen checks dtypes)
         with pytest.raises(RuntimeError, match="fxfuse::act_linear"):
-            ops.act_linear(x, w, b, act, 0.0)
+            ops.act_linear(x, w, b, "gelu", 0.0)
+
+
+def test_act_linear_bad_activation():
+    with pytest.raises(ValueError, match="swish"):
+        layer_activation.act_linear(torch.randn(3, 5), torch.randn(4, 5), None, "swish")
 
 
 @pytest.mark.parametrize("case", ["channels", "rank", "dtype", "padding_same_strided", "too_small", "groups"])

@@ -103,26 +103,28 @@ inline at::Tensor conv_act(
   return op.call(input, weight, bias, stride, padding, dilation, groups, act, act_param);
 }
 
-inline at::Tensor linear_act(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    c10::string_view act, double act_param) {
+// linear_act and act_linear share one schema: (input, weight, bias, act, act_param) -> Tensor.
+inline at::Tensor linear_family(
+    const c10::OperatorHandle& handle, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, c10::string_view act, double act_param) {
   using Fn = at::Tensor(
       const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
       double);
-  static auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::linear_act", "").typed<Fn>();
-  return op.call(input, weight, bias, act, act_param);
+  return handle.typed<Fn>().call(input, weight, bias, act, act_param);
+}
+
+inline at::Tensor linear_act(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::linear_act", "");
+  return linear_family(op, input, weight, bias, act, act_param);
 }
 
 inline at::Tensor act_linear(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     c10::string_view act, double act_param) {
-  using Fn = at::Tensor(
-      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
-      double);
-  static auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::act_linear", "").typed<Fn>();
-  return op.call(input, weight, bias, act, act_param);
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::act_linear", "");
+  return linear_family(op, input, weight, bias, act, act_param);
 }
 
 }  // namespace fxfuse::dispatch

@@ -48,12 +48,9 @@ from .checks import (
 __all__ = ["act_linear", "conv_act", "linear_act"]
 
 
-def linear_act(
-    input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, act: str = "gelu", act_param: float = 0.0
-) -> Tensor:
-    """`act(F.linear(input, weight, bias))` that keeps only input, weight and bias for backward."""
-    check_act(act)
-    if (
+def _linear_fusable(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether the fused linear ops compute F.linear(input, weight, bias) exactly (else the eager composition runs)."""
+    return (
         plain(input, weight, bias)
         and weight is not None
         and fusable(input)
@@ -62,7 +59,15 @@ def linear_act(
         and weight.dim() == 2
         and input.shape[-1] == weight.shape[1]
         and (bias is None or tuple(bias.shape) == (weight.shape[0],))
-    ):
+    )
+
+
+def linear_act(
+    input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, act: str = "gelu", act_param: float = 0.0
+) -> Tensor:
+    """`act(F.linear(input, weight, bias))` that keeps only input, weight and bias for backward."""
+    check_act(act)
+    if _linear_fusable(input, weight, bias):
         if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
             return compiled.compiled_layer_act(F.linear, (input, weight, bias), act, act_param)
         return torch.ops.fxfuse.linear_act(input, weight, bias, act, float(act_param))
@@ -74,16 +79,7 @@ def act_linear(
 ) -> Tensor:
     """`F.linear(act(input), weight, bias)` that keeps only input, weight and bias for backward."""
     check_act(act)
-    if (
-        plain(input, weight, bias)
-        and weight is not None
-        and fusable(input)
-        and layer_dtype(input, (weight, bias)) is not None
-        and input.dim() >= 1
-        and weight.dim() == 2
-        and input.shape[-1] == weight.shape[1]
-        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
-    ):
+    if _linear_fusable(input, weight, bias):
         if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
             return compiled.compiled_act_layer(F.linear, (input, weight, bias), act, act_param)
         return torch.ops.fxfuse.act_linear(input, weight, bias, act, float(act_param))
