@@ -315,32 +315,34 @@ def _linear_inputs(shape, in_f, out_f, dtype, bias=True):
     return x, w, b
 
 
+# op -> (fused wrapper, the eager composition it computes, input scale: for act_linear the
+# activation's input is x itself, scaled to cover both sides of every activation's kinks)
+LINEAR_FAMILY = {
+    "linear_act": (
+        lambda x, w, b, act, p: layer_activation.linear_act(x, w, b, act, p),
+        lambda x, w, b, act, p: apply_activation(F.linear(x, w, b), act, p),
+        1,
+    ),
+    "act_linear": (
+        lambda x, w, b, act, p: layer_activation.act_linear(x, w, b, act, p),
+        lambda x, w, b, act, p: F.linear(apply_activation(x, act, p), w, b),
+        3,
+    ),
+}
+
+
+@pytest.mark.parametrize("op", LINEAR_FAMILY)
 @pytest.mark.parametrize("act", ["none", "relu", "relu6", "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish"])
 @pytest.mark.parametrize("shape", [(), (5,), (3, 4), (2, 0)], ids=["1d", "2d", "3d", "empty"])
-def test_linear_act_matches_eager(act, shape):
+def test_linear_family_matches_eager(op, act, shape):
+    fused, eager, scale = LINEAR_FAMILY[op]
     p = ACT_PARAMS.get(act, 0.0)
     for dtype, bias in ((torch.float64, True), (torch.float32, False)):
         x, w, b = _linear_inputs(shape, 6, 7, dtype, bias)
+        x = (x.detach() * scale).requires_grad_()
         params = [t for t in (x, w, b) if t is not None]
-        out = layer_activation.linear_act(x, w, b, act, p)
-        ref = apply_activation(F.linear(x, w, b), act, p)
-        assert torch.equal(out, ref)  # the same ATen ops, in the same order
-        _assert_same_layout(out, ref)
-        grad = torch.randn_like(ref)
-        for a, e in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(ref, params, grad)):
-            torch.testing.assert_close(a, e, **tol(dtype))
-
-
-@pytest.mark.parametrize("act", ["none", "relu", "relu6", "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish"])
-@pytest.mark.parametrize("shape", [(), (5,), (3, 4), (2, 0)], ids=["1d", "2d", "3d", "empty"])
-def test_act_linear_matches_eager(act, shape):
-    p = ACT_PARAMS.get(act, 0.0)
-    for dtype, bias in ((torch.float64, True), (torch.float32, False)):
-        x, w, b = _linear_inputs(shape, 6, 7, dtype, bias)
-        x = (x.detach() * 3).requires_grad_()  # both sides of every activation's kinks
-        params = [t for t in (x, w, b) if t is not None]
-        out = layer_activation.act_linear(x, w, b, act, p)
-        ref = F.linear(apply_activation(x, act, p), w, b)
+        out = fused(x, w, b, act, p)
+        ref = eager(x, w, b, act, p)
         assert torch.equal(out, ref)  # the same ATen ops, in the same order
         _assert_same_layout(out, ref)
         grad = torch.randn_like(ref)
@@ -460,20 +462,14 @@ def test_gelu_gradcheck(approximate, one_thread):
     assert torch.autograd.gradcheck(lambda t: ops.gelu(t, approximate=approximate), (xcl.requires_grad_(),))
 
 
+@pytest.mark.parametrize("op", LINEAR_FAMILY)
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "leaky_relu", "none"])
-def test_linear_act_gradcheck(act, one_thread):
+def test_linear_family_gradcheck(op, act, one_thread):
+    fn = getattr(ops, op)
     x, w, b = _linear_inputs((2, 3), 5, 4, torch.double)
-    assert torch.autograd.gradcheck(lambda x, w, b: ops.linear_act(x, w, b, act, 0.1), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w, b: fn(x, w, b, act, 0.1), (x, w, b))
     x1, w1, _ = _linear_inputs((), 5, 4, torch.double)
-    assert torch.autograd.gradcheck(lambda x, w: ops.linear_act(x, w, None, act, 0.1), (x1, w1))
-
-
-@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "leaky_relu", "none"])
-def test_act_linear_gradcheck(act, one_thread):
-    x, w, b = _linear_inputs((2, 3), 5, 4, torch.double)
-    assert torch.autograd.gradcheck(lambda x, w, b: ops.act_linear(x, w, b, act, 0.1), (x, w, b))
-    x1, w1, _ = _linear_inputs((), 5, 4, torch.double)
-    assert torch.autograd.gradcheck(lambda x, w: ops.act_linear(x, w, None, act, 0.1), (x1, w1))
+    assert torch.autograd.gradcheck(lambda x, w: fn(x, w, None, act, 0.1), (x1, w1))
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "hardswish"])

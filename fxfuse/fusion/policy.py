@@ -126,22 +126,32 @@ def _candidate(model: nn.Module, site: FusedSite, pointwise: list[FusedSite]) ->
     return Candidate(site, fallback, marginal, ratio)
 
 
+def _upgrades(model: nn.Module, memory: FusionReport, pointwise: list[FusedSite]) -> list[Candidate]:
+    """Every site of `memory` that recomputes a layer, as an upgrade of the pointwise sites on its layers."""
+    return [_candidate(model, s, pointwise) for s in memory.fused if s.op in RECOMPUTE_OPS]
+
+
+def _rebuilt_by_next_conv(candidate: Candidate, merge_breakers: frozenset = frozenset()) -> bool:
+    """Its pointwise form is a BN→activation merged into the next conv (passes/bn_act_conv.py), which
+    keeps an input of the same size as the conv input the upgrade would keep: it frees nothing. Not
+    where that next conv is in `merge_breakers` (it recomputes as a conv→activation site, which a
+    BN→activation cannot merge into)."""
+    fallback = candidate.fallback
+    return bool(fallback) and all(
+        p.op == "fxfuse::bn_act_conv" and p.merged_into not in merge_breakers for p in fallback
+    )
+
+
 def candidates(model: nn.Module, memory: FusionReport, fast: FusionReport) -> tuple[list[Candidate], list[FusedSite]]:
     """Upgrades ranked cheapest first, and the pointwise sites (taken in any case).
 
     Upgrades that free nothing beyond their pointwise form are not candidates."""
     pointwise = list(fast.fused)
-    upgrades = []
-    for site in memory.fused:
-        if site.op not in RECOMPUTE_OPS:
-            continue
-        candidate = _candidate(model, site, pointwise)
-        merged = bool(candidate.fallback) and all(p.op == "fxfuse::bn_act_conv" for p in candidate.fallback)
-        if merged or (candidate.marginal_bytes is not None and candidate.marginal_bytes <= 0):
-            # The pointwise form already frees as much: its BN→activation output is rebuilt by the
-            # next conv (passes/bn_act_conv.py), which keeps an input of the same size.
-            continue
-        upgrades.append(candidate)
+    upgrades = [
+        c
+        for c in _upgrades(model, memory, pointwise)
+        if not _rebuilt_by_next_conv(c) and not (c.marginal_bytes is not None and c.marginal_bytes <= 0)
+    ]
     upgrades.sort(key=lambda c: (c.flops_per_byte is None, c.flops_per_byte or 0.0, -(c.marginal_bytes or 0)))
     return upgrades, pointwise
 
@@ -161,19 +171,13 @@ def choose_auto(model: nn.Module, memory: FusionReport, fast: FusionReport) -> D
 
 
 def choose_memory(model: nn.Module, memory: FusionReport, fast: FusionReport) -> Decision:
-    """Every upgrade but the idle ones: those whose pointwise form is a BN→activation merged into the
-    next conv (bn_act_conv), unless that conv itself recomputes as a conv→activation site, which a
-    BN→activation cannot merge into (then the upgrade keeps the conv input in place of the BN input)."""
+    """Every upgrade but the idle ones, whose BN→activation output the next conv rebuilds anyway."""
     pointwise = list(fast.fused)
-    merge_breakers = {s.modules[0] for s in memory.fused if s.op == "fxfuse::conv_act"}
+    merge_breakers = frozenset(s.modules[0] for s in memory.fused if s.op == "fxfuse::conv_act")
     upgrades, idle = [], []
-    for site in memory.fused:
-        if site.op not in RECOMPUTE_OPS:
-            continue
-        candidate = _candidate(model, site, pointwise)
-        fallback = candidate.fallback
-        if fallback and all(p.op == "fxfuse::bn_act_conv" and p.merged_into not in merge_breakers for p in fallback):
-            idle.append(site)
+    for candidate in _upgrades(model, memory, pointwise):
+        if _rebuilt_by_next_conv(candidate, merge_breakers):
+            idle.append(candidate.site)
         else:
             upgrades.append(candidate)
     allowed, fallback_names = allowed_names(upgrades, pointwise)

@@ -128,10 +128,10 @@ def _conv2d(input, weight, bias, *, stride, padding, dilation, groups):
     return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
 
 
-# --------------------------------------------------------------------------- linear_act
+# --------------------------------------------------------------------------- linear_act, act_linear
 
 
-def _check_linear(input, weight, bias, op: str = "linear_act") -> None:
+def _check_linear(input, weight, bias, op: str) -> None:
     torch._check(input.dim() >= 1, lambda: f"fxfuse::{op}: expected an input with at least 1 dimension")
     torch._check(
         weight.dim() == 2,
@@ -156,66 +156,40 @@ def _check_linear(input, weight, bias, op: str = "linear_act") -> None:
         )
 
 
-def _linear_act_fake(input, weight, bias, act, act_param):
-    _check_linear(input, weight, bias)
-    check_act(act)
-    return torch.ops.aten.linear.default(input, weight, bias)
+def _linear_family(op: str):
+    """Fake kernel, backward fake kernel and autograd formula of `op` (linear_act or act_linear):
+    one schema, the same saved tensors (input, weight, bias) and gradients of the same shapes."""
 
+    def fake(input, weight, bias, act, act_param):
+        _check_linear(input, weight, bias, op)
+        check_act(act)
+        return torch.ops.aten.linear.default(input, weight, bias)
 
-def _linear_act_backward_fake(grad_out, input, weight, bias, act, act_param, output_mask):
-    _check_linear(input, weight, bias)
-    check_act(act)
-    # matmul / mm / sum results: fresh contiguous tensors.
-    return (
-        input.new_empty(input.shape) if output_mask[0] else None,
-        weight.new_empty(weight.shape) if output_mask[1] else None,
-        bias.new_empty(bias.shape) if output_mask[2] and bias is not None else None,
-    )
+    def backward_fake(grad_out, input, weight, bias, act, act_param, output_mask):
+        _check_linear(input, weight, bias, f"{op}_backward")
+        check_act(act)
+        # matmul / mm / sum results: fresh contiguous tensors.
+        return (
+            input.new_empty(input.shape) if output_mask[0] else None,
+            weight.new_empty(weight.shape) if output_mask[1] else None,
+            bias.new_empty(bias.shape) if output_mask[2] and bias is not None else None,
+        )
 
+    def setup(ctx, inputs, output):
+        input, weight, bias, act, act_param = inputs
+        ctx.save_for_backward(input, weight, bias)
+        ctx.config = (act, act_param)
 
-def _linear_act_setup(ctx, inputs, output):
-    input, weight, bias, act, act_param = inputs
-    ctx.save_for_backward(input, weight, bias)
-    ctx.config = (act, act_param)
+    def bwd(ctx, grad_out):
+        input, weight, bias = ctx.saved_tensors
+        act, act_param = ctx.config
+        need = ctx.needs_input_grad
+        grad_input, grad_weight, grad_bias = getattr(torch.ops.fxfuse, f"{op}_backward")(
+            grad_out, input, weight, bias, act, act_param, [need[0], need[1], need[2]]
+        )
+        return grad_input, grad_weight, grad_bias, None, None
 
-
-def _linear_act_bwd(ctx, grad_out):
-    input, weight, bias = ctx.saved_tensors
-    act, act_param = ctx.config
-    need = ctx.needs_input_grad
-    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.linear_act_backward(
-        grad_out, input, weight, bias, act, act_param, [need[0], need[1], need[2]]
-    )
-    return grad_input, grad_weight, grad_bias, None, None
-
-
-# --------------------------------------------------------------------------- act_linear
-
-
-def _act_linear_fake(input, weight, bias, act, act_param):
-    _check_linear(input, weight, bias, "act_linear")
-    check_act(act)
-    return torch.ops.aten.linear.default(input, weight, bias)
-
-
-def _act_linear_backward_fake(grad_out, input, weight, bias, act, act_param, output_mask):
-    _check_linear(input, weight, bias, "act_linear_backward")
-    check_act(act)
-    return (
-        input.new_empty(input.shape) if output_mask[0] else None,
-        weight.new_empty(weight.shape) if output_mask[1] else None,
-        bias.new_empty(bias.shape) if output_mask[2] and bias is not None else None,
-    )
-
-
-def _act_linear_bwd(ctx, grad_out):
-    input, weight, bias = ctx.saved_tensors
-    act, act_param = ctx.config
-    need = ctx.needs_input_grad
-    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.act_linear_backward(
-        grad_out, input, weight, bias, act, act_param, [need[0], need[1], need[2]]
-    )
-    return grad_input, grad_weight, grad_bias, None, None
+    return fake, backward_fake, setup, bwd
 
 
 # --------------------------------------------------------------------------- conv_act
@@ -264,13 +238,11 @@ def _conv_act_bwd(ctx, grad_out):
 
 def register() -> None:
     """Fake kernels and autograd of this family's ops (fxfuse._C defines the ops)."""
-    torch.library.register_fake("fxfuse::linear_act", _linear_act_fake)
-    torch.library.register_fake("fxfuse::linear_act_backward", _linear_act_backward_fake)
-    torch.library.register_autograd("fxfuse::linear_act", _linear_act_bwd, setup_context=_linear_act_setup)
-    torch.library.register_fake("fxfuse::act_linear", _act_linear_fake)
-    torch.library.register_fake("fxfuse::act_linear_backward", _act_linear_backward_fake)
-    # Same saved tensors and config as linear_act: input, weight, bias.
-    torch.library.register_autograd("fxfuse::act_linear", _act_linear_bwd, setup_context=_linear_act_setup)
+    for op in ("linear_act", "act_linear"):
+        fake, backward_fake, setup, bwd = _linear_family(op)
+        torch.library.register_fake(f"fxfuse::{op}", fake)
+        torch.library.register_fake(f"fxfuse::{op}_backward", backward_fake)
+        torch.library.register_autograd(f"fxfuse::{op}", bwd, setup_context=setup)
     torch.library.register_fake("fxfuse::conv_act", _conv_act_fake)
     torch.library.register_fake("fxfuse::conv_act_backward", _conv_act_backward_fake)
     torch.library.register_autograd("fxfuse::conv_act", _conv_act_bwd, setup_context=_conv_act_setup)
