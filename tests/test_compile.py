@@ -38,7 +38,8 @@ class Block(nn.Module):
 
 
 def small_net() -> nn.Module:
-    """Every fused family: conv_bn_act, add_into, batch_norm_act, conv_act, act_linear, linear_act, gelu."""
+    """Every fused family: conv_bn_act, add_into, batch_norm_act, conv_act, layer_norm_linear, act_linear,
+    linear_act, gelu."""
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1),
         nn.BatchNorm2d(8),
@@ -50,6 +51,7 @@ def small_net() -> nn.Module:
         nn.GELU(),
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
+        nn.LayerNorm(8),  # merged into the next Linear (layer_norm_linear)
         nn.Linear(8, 16),
         nn.GELU(),  # merged into the next Linear (act_linear)
         nn.Linear(16, 4),
@@ -95,6 +97,7 @@ def test_one_graph_with_every_fused_site(composed):
         "fxfuse::conv_act",
         "fxfuse::act_linear",
         "fxfuse::linear_act",
+        "fxfuse::layer_norm_linear",
     } <= set(sites)
     (graph,) = captured_graphs(model, torch.randn(2, 3, 8, 8))
     targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]

@@ -61,15 +61,23 @@ def maxvit_t_small():
 
 
 # name -> (builder, input size, fused sites expected per op)
-# Every MLP's GELU merges into the Linear after it (act_linear).
+# Every MLP's GELU merges into the Linear after it (act_linear), and every LayerNorm whose output
+# feeds a Linear into that Linear (layer_norm_linear): the MLPs' norms, Swin's patch merging, MaxViT's
+# attention (traced) and MLP norms. ViT's ln_1 and Swin's norm1 feed a leaf attention and stay.
 MODELS = {
-    "vit_b_16": (vit_b_16_small, 32, {"fxfuse::act_linear": 2}),
-    "swin_t": (swin_t_small, 32, {"fxfuse::act_linear": 8}),
+    "vit_b_16": (vit_b_16_small, 32, {"fxfuse::act_linear": 2, "fxfuse::layer_norm_linear": 2}),
+    "swin_t": (swin_t_small, 32, {"fxfuse::act_linear": 8, "fxfuse::layer_norm_linear": 11}),
     # MBConv: four of its Conv→BN→act sites feed the next conv, so their BN→act merges into it instead
     "maxvit_t": (
         maxvit_t_small,
         32,
-        {"fxfuse::conv_bn_act": 3, "fxfuse::bn_act_conv": 4, "fxfuse::conv_act": 3, "fxfuse::act_linear": 6},
+        {
+            "fxfuse::conv_bn_act": 3,
+            "fxfuse::bn_act_conv": 4,
+            "fxfuse::conv_act": 3,
+            "fxfuse::act_linear": 6,
+            "fxfuse::layer_norm_linear": 13,
+        },
     ),
 }
 
@@ -90,7 +98,10 @@ def test_convnext_tiny_float32():
     torch.manual_seed(0)
     model = torchvision.models.convnext_tiny(num_classes=10)
     optimized = fxfuse.optimize(copy.deepcopy(model))
-    assert Counter(s.op for s in optimized.fxfuse_report.fused) == {"fxfuse::act_linear": 18}
+    assert Counter(s.op for s in optimized.fxfuse_report.fused) == {
+        "fxfuse::act_linear": 18,
+        "fxfuse::layer_norm_linear": 18,
+    }
     assert_equivalent(model, optimized, torch.randn(2, 3, 32, 32), dtype=torch.float32)
 
 

@@ -128,11 +128,11 @@ def test_vit_and_convnext_mlps():
     )
     x = torch.randn(2, 3, 32, 32)
     optimized = fxfuse.optimize(copy.deepcopy(vit), x, mode="fast")
-    assert _ops(optimized) == ["fxfuse::act_linear"] * 2  # GELU → Dropout(0) → Linear
+    assert _ops(optimized).count("fxfuse::act_linear") == 2  # GELU → Dropout(0) → Linear
     assert_equivalent(vit, optimized, x, dtype=torch.float64)
     convnext = torchvision.models.convnext_tiny()
     report = fxfuse.optimize(convnext, torch.randn(1, 3, 32, 32), mode="fast").fxfuse_report
-    assert _ops(convnext) == ["fxfuse::act_linear"] * 18
+    assert _ops(convnext).count("fxfuse::act_linear") == 18  # and 18 layer_norm_linear (test_passes_norm_linear)
     assert report.fused[0].modules == ("features.1.0.block.4", "features.1.0.block.5")
 
 

@@ -110,6 +110,16 @@ TORCH_LIBRARY(fxfuse, m) {
       "act_linear_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
       "str act, float act_param, bool[3] output_mask) "
       "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  // F.linear(F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias)
+  // that keeps only input and the parameters for backward (generic/layer_norm_linear.cpp).
+  m.def(
+      "layer_norm_linear(Tensor input, int[] normalized_shape, Tensor? ln_weight, "
+      "Tensor? ln_bias, float eps, Tensor weight, Tensor? bias) -> Tensor");
+  m.def(
+      "layer_norm_linear_backward(Tensor grad_out, Tensor input, int[] normalized_shape, "
+      "Tensor? ln_weight, Tensor? ln_bias, float eps, Tensor weight, Tensor? bias, "
+      "bool[5] output_mask) -> (Tensor grad_input, Tensor grad_ln_weight, Tensor grad_ln_bias, "
+      "Tensor grad_weight, Tensor grad_bias)");
   // act(F.conv2d(input, weight, bias, ...)) that keeps only input, weight and bias.
   m.def(
       "conv_act(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "

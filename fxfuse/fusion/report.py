@@ -27,7 +27,7 @@ def format_flops(n: Optional[float]) -> str:
     return f"{n:.0f} FLOP"
 
 
-_LAYER_PARTS = ("conv2d", "batch_norm2d", "linear")  # pattern parts that name a layer, not an activation
+_LAYER_PARTS = ("conv2d", "batch_norm2d", "linear", "layer_norm")  # pattern parts that name a layer, not an activation
 
 
 @dataclass

@@ -149,6 +149,11 @@ def act_linear_module(x: Tensor, act: str, act_param: float, linear: nn.Linear, 
     return linear(y)
 
 
+def layer_norm_linear_module(x: Tensor, norm: nn.LayerNorm, linear: nn.Linear) -> Tensor:
+    """`linear(norm(x))`, keeping only `x` for backward."""
+    return ops.layer_norm_linear(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)
+
+
 def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
     """`act(bn(x))`, keeping only `x` and the statistics for backward."""
     if not (kernels_apply(x, _bn_tensors(bn)) and x.shape[1] == bn.num_features):

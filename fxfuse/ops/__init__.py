@@ -1,7 +1,7 @@
 """fxfuse's C++ operators as Python functions, one module per op family.
 
 Each family module (`batch_norm`, `conv_batch_norm`, `batch_norm_conv`,
-`layer_activation`, `gelu_activation`) holds its wrappers with eager semantics and eager fallback, its
+`layer_activation`, `norm_linear`, `gelu_activation`) holds its wrappers with eager semantics and eager fallback, its
 fake kernels and its autograd formulas; `checks` holds what they share. Importing
 this package loads fxfuse._C (which defines the schemas and the CPU and
 device-generic kernels) and then registers every family's fake kernels and autograd.
@@ -9,16 +9,25 @@ device-generic kernels) and then registers every family's fake kernels and autog
 """
 
 from .. import _extension
-from . import batch_norm, batch_norm_conv, compiled, conv_batch_norm, gelu_activation, layer_activation
+from . import (
+    batch_norm,
+    batch_norm_conv,
+    compiled,
+    conv_batch_norm,
+    gelu_activation,
+    layer_activation,
+    norm_linear,
+)
 from .batch_norm import batch_norm_act
 from .batch_norm_conv import bn_act_conv
 from .checks import ACTIVATIONS
 from .conv_batch_norm import conv_bn_act
 from .gelu_activation import gelu
 from .layer_activation import act_linear, conv_act, linear_act
+from .norm_linear import layer_norm_linear
 
 if _extension.loaded():
-    for _family in (batch_norm, batch_norm_conv, conv_batch_norm, gelu_activation, layer_activation):
+    for _family in (batch_norm, batch_norm_conv, conv_batch_norm, gelu_activation, layer_activation, norm_linear):
         _family.register()
 
 __all__ = [
@@ -30,5 +39,6 @@ __all__ = [
     "conv_act",
     "conv_bn_act",
     "gelu",
+    "layer_norm_linear",
     "linear_act",
 ]

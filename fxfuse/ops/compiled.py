@@ -50,6 +50,7 @@ __all__ = [
     "compiled_batch_norm_act",
     "compiled_conv_bn_act",
     "compiled_layer_act",
+    "compiled_layer_norm_linear",
 ]
 
 _aten = torch.ops.aten
@@ -176,3 +177,13 @@ def _act_layer_body(input, *args, layer, act, act_param):
 def compiled_act_layer(layer, args: tuple, act: str, act_param: float) -> Tensor:
     """`layer(act(args[0]), *args[1:])` (act_linear) under torch.compile: backward keeps only `args`."""
     return _recomputed(functools.partial(_act_layer_body, layer=layer, act=act, act_param=act_param), *args)
+
+
+def _layer_norm_linear_body(input, ln_weight, ln_bias, weight, bias, *, normalized_shape, eps):
+    return F.linear(F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias)
+
+
+def compiled_layer_norm_linear(input, normalized_shape, ln_weight, ln_bias, eps, weight, bias) -> Tensor:
+    """layer_norm_linear under torch.compile: backward keeps only the layer norm's input and the parameters."""
+    body = functools.partial(_layer_norm_linear_body, normalized_shape=normalized_shape, eps=eps)
+    return _recomputed(body, input, ln_weight, ln_bias, weight, bias)

@@ -9,6 +9,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
+#include <ATen/ops/layer_norm.h>
 #include <ATen/ops/linear.h>
 
 #include "../activation_ops.h"
@@ -73,6 +74,16 @@ at::Tensor act_linear_autocast(
   return dispatch::act_linear(input, cast(weight), cast(bias), act, act_param);
 }
 
+// Eager autocast runs layer_norm in float32 and casts its output to the autocast dtype for
+// linear, a rounding in between that the fused op does not make. So under autocast the op
+// is eager's composition, dispatched through autocast again (eager's memory too).
+at::Tensor layer_norm_linear_autocast(
+    const at::Tensor& input, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& ln_weight, const std::optional<at::Tensor>& ln_bias,
+    double eps, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return at::linear(at::layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias);
+}
+
 }  // namespace
 
 #define FXFUSE_REGISTER_AUTOCAST(KEY, DEVICE)                                                   \
@@ -81,6 +92,7 @@ at::Tensor act_linear_autocast(
     m.impl("conv_act", TORCH_FN((conv_act_autocast<c10::DispatchKey::KEY, DEVICE>)));          \
     m.impl("linear_act", TORCH_FN((linear_act_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
     m.impl("act_linear", TORCH_FN((act_linear_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
+    m.impl("layer_norm_linear", TORCH_FN(layer_norm_linear_autocast));                          \
   }
 
 FXFUSE_REGISTER_AUTOCAST(AutocastCPU, c10::DeviceType::CPU)

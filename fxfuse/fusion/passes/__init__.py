@@ -5,7 +5,8 @@ fusing passes are `driver.FusionPass`es: a matcher per pattern, one driver that
 records skipped sites with their reasons, applies the policy's selection, rewrites
 through `rewrite.replace_chain` and reports. `act_linear` runs before `linear_conv_act`, so
 that an MLP's activation is merged into the Linear after it (no matmul recomputed) rather
-than recomputed with the Linear before it (same bytes kept). `bn_act_conv` merges a rewritten BN→activation
+than recomputed with the Linear before it (same bytes kept); `norm_linear` merges a
+LayerNorm into the Linear after it. `bn_act_conv` merges a rewritten BN→activation
 site into the conv after it (crediting the BN site's report entry); `inplace_add`
 rewrites through `replace_chain` too, but reports no sites (it saves an allocation,
 not memory).
@@ -13,7 +14,7 @@ not memory).
 
 from __future__ import annotations
 
-from . import act_linear, bn_act, bn_act_conv, conv_bn_act, gelu, inplace_add, linear_conv_act
+from . import act_linear, bn_act, bn_act_conv, conv_bn_act, gelu, inplace_add, linear_conv_act, norm_linear
 from .context import PassContext
 
 PASSES = (
@@ -21,6 +22,7 @@ PASSES = (
     bn_act.PASS,
     act_linear.PASS,
     linear_conv_act.PASS,
+    norm_linear.PASS,
     gelu.PASS,
     bn_act_conv.run,
     inplace_add.run,

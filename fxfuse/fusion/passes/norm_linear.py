@@ -1,0 +1,146 @@
+"""LayerNorm → Linear  ⇒  fxfuse::layer_norm_linear (the layer norm's output is not kept).
+
+Runs in every mode, after linear_conv_act. A layer norm over the last dimension (an
+nn.LayerNorm module, or F.layer_norm with constant normalized_shape and eps, as timm's
+LayerNorm calls it) whose output feeds one Linear and nothing else (reads of its shape
+aside, which then read the layer norm's input: the same shape) becomes one call. Eager
+keeps the layer norm's input and its output, the Linear's input; the fused op keeps the
+input alone and runs the layer norm again in backward. In a transformer block (norm →
+qkv, norm → MLP) and a ConvNeXt block that output is as wide as the model. No matmul
+runs twice.
+
+After linear_conv_act, so that in mode="memory" a LayerNorm → Linear → activation whose
+activation output does not feed a Linear keeps the Linear's input and recomputes the
+Linear (keeping the wide activation input is what that avoids) rather than merge here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+from typing import Any, Optional
+
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from ... import ops
+from .. import runtime
+from . import estimates
+from .calls import as_linear, pattern_name
+from .context import PassContext
+from .driver import FusionPass, Site
+from .matchers import has_hooks, site_name
+
+_LAYER_NORM_SIGNATURE = inspect.signature(F.layer_norm)
+
+
+def _as_layer_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """F.layer_norm's arguments for a functional call, {"module": m} for a module call, or why not."""
+    if node.op == "call_module":
+        m = ctx.modules.get(node.target)
+        if not isinstance(m, nn.LayerNorm):
+            return None, None
+        if type(m).forward is not nn.LayerNorm.forward:
+            return None, f"{type(m).__name__} overrides LayerNorm.forward"
+        if has_hooks(m):
+            return None, "the LayerNorm module has hooks, which the fused op would not run"
+        if len(m.normalized_shape) != 1:
+            return None, "the layer norm is over more than the last dimension"
+        if len(node.args) != 1 or node.kwargs:
+            return None, "unexpected LayerNorm call arguments"
+        return {"module": m}, None
+    if node.op == "call_function" and node.target is F.layer_norm:
+        try:
+            bound = _LAYER_NORM_SIGNATURE.bind(*node.args, **node.kwargs)
+        except TypeError:
+            return None, "unrecognised F.layer_norm arguments"
+        bound.apply_defaults()
+        args = dict(bound.arguments)
+        shape, eps = args["normalized_shape"], args["eps"]
+        if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+            return None, "F.layer_norm eps is not a constant number"
+        if not (isinstance(shape, (tuple, list)) and len(shape) == 1 and type(shape[0]) is int):
+            return None, "F.layer_norm normalized_shape is not one constant size (the last dimension)"
+        return args, None
+    return None, None
+
+
+def _reads_only_shape(user: fx.Node, node: fx.Node) -> bool:
+    """`user` reads `node`'s shape or rank alone (not its dtype: under autocast the layer norm's
+    output is float32 where its input may not be)."""
+    if user.kwargs or not user.args or user.args[0] is not node or node in user.args[1:]:
+        return False
+    if user.op == "call_function" and user.target is getattr:
+        return len(user.args) == 2 and user.args[1] in ("shape", "ndim")
+    return user.op == "call_method" and user.target in ("size", "dim")
+
+
+def _module_params(ctx: PassContext, path: str, module: nn.Module) -> dict[str, Any]:
+    return {
+        name: ctx.get_attr(f"{path}.{name}") if getattr(module, name) is not None else None
+        for name in ("weight", "bias")
+    }
+
+
+def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
+    norm, problem = _as_layer_norm(node, ctx)
+    if norm is None and problem is None:
+        return None
+    source = node.args[0] if "module" in (norm or {}) or problem else (norm or {}).get("input")
+    shape_users = [u for u in node.users if _reads_only_shape(u, node)]
+    others = [u for u in node.users if u not in shape_users]
+    if not isinstance(source, fx.Node) or len(others) != 1:
+        return None
+    linear = others[0]
+    args, linear_problem = as_linear(linear, ctx)
+    if args is None and linear_problem is None:
+        return None
+    if linear.op == "call_module" and linear.args != (node,):
+        return None
+    if linear.op == "call_function" and (args.get("input") is not node or node in (args["weight"], args["bias"])):
+        return None
+    names = (site_name(node), site_name(linear))
+    pattern = pattern_name("layer_norm", "linear")
+    if problem or linear_problem:
+        return Site(names, pattern, problem or linear_problem)
+
+    def prepare():
+        for user in shape_users:
+            user.replace_input_with(node, source)
+
+    if "module" in norm and linear.op == "call_module":
+
+        def build():
+            modules = (ctx.get_attr(node.target), ctx.get_attr(linear.target))
+            return ctx.graph.call_function(runtime.layer_norm_linear_module, (source, *modules))
+    else:
+
+        def build():
+            if "module" in norm:
+                m = norm["module"]
+                ln_params = _module_params(ctx, node.target, m)
+                ln = dict(normalized_shape=tuple(m.normalized_shape), eps=m.eps)
+            else:
+                ln_params = {"weight": norm["weight"], "bias": norm["bias"]}
+                ln = dict(normalized_shape=tuple(norm["normalized_shape"]), eps=float(norm["eps"]))
+            layer = _module_params(ctx, linear.target, ctx.modules[linear.target]) if not args else args
+            kwargs = dict(
+                ln, ln_weight=ln_params["weight"], ln_bias=ln_params["bias"], weight=layer["weight"], bias=layer["bias"]
+            )
+            return ctx.graph.call_function(ops.layer_norm_linear, (source,), kwargs)
+
+    return Site(
+        names,
+        pattern,
+        chain=[node, linear],
+        build=build,
+        prepare=prepare,
+        op="fxfuse::layer_norm_linear",
+        saved_bytes=estimates.nbytes(ctx.shapes, node),
+        recompute_flops=0 if ctx.shapes else None,
+        reason="keeps the layer norm's input; runs the layer norm again for the linear's weight gradient in backward",
+    )
+
+
+PASS = FusionPass(match)

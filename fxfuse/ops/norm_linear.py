@@ -1,0 +1,148 @@
+"""`layer_norm_linear`: `F.linear(F.layer_norm(input, ...), weight, bias)` that keeps only
+the layer norm's input and the parameters for backward.
+
+Eager keeps the layer norm's input (for its backward) and its output (the linear's input,
+for the weight gradient): two tensors as wide as the model in every transformer block
+(LayerNorm → attention's qkv Linear, LayerNorm → MLP) and every ConvNeXt block. The
+fused op keeps the input alone; its backward runs the layer norm again (one pass, which
+also gives back the mean and rstd) for the weight gradient, then the layer norm's backward.
+No matmul runs twice. Forward is eager's ATen calls, so the output is eager's bit for bit.
+
+It serves a layer norm over the last dimension, all tensors of the input's dtype and
+device, outside autocast. Every other call runs the eager composition, so bad input raises
+what eager raises. Under autocast eager runs the layer norm in float32 and rounds its
+output to the autocast dtype for the linear, which the op does not: the composition runs
+(the op's Autocast kernels do the same for direct calls).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import compiled
+from .checks import autocast_on, fusable, plain
+
+__all__ = ["layer_norm_linear"]
+
+
+def _last_dim(normalized_shape) -> Optional[int]:
+    """normalized_shape's one size when it names only the last dimension, else None (F.layer_norm
+    takes a sequence only: an int gets eager's TypeError)."""
+    if isinstance(normalized_shape, (tuple, list, torch.Size)) and len(normalized_shape) == 1:
+        size = normalized_shape[0]
+        return size if type(size) is int else None
+    return None
+
+
+def _fusable(input, size, ln_weight, ln_bias, eps, weight, bias) -> bool:
+    """Whether the fused op computes this call exactly as eager does (else the composition runs)."""
+    if not (plain(input, ln_weight, ln_bias, weight, bias) and weight is not None and size is not None):
+        return False
+    if not fusable(input) or autocast_on(input.device.type) or not isinstance(eps, numbers.Real):
+        return False
+    tensors = [t for t in (ln_weight, ln_bias, weight, bias) if t is not None]
+    if any(t.dtype != input.dtype or t.device != input.device for t in tensors):
+        return False
+    return (
+        input.dim() >= 1
+        and input.shape[-1] == size
+        and all(t is None or tuple(t.shape) == (size,) for t in (ln_weight, ln_bias))
+        and weight.dim() == 2
+        and weight.shape[1] == size
+        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
+    )
+
+
+def layer_norm_linear(
+    input: Tensor,
+    normalized_shape: Sequence[int],
+    ln_weight: Optional[Tensor],
+    ln_bias: Optional[Tensor],
+    eps: float,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+) -> Tensor:
+    """`F.linear(F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias)`,
+    keeping only `input` and the parameters for backward."""
+    size = _last_dim(normalized_shape)
+    if _fusable(input, size, ln_weight, ln_bias, eps, weight, bias):
+        if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
+            return compiled.compiled_layer_norm_linear(input, [size], ln_weight, ln_bias, float(eps), weight, bias)
+        return torch.ops.fxfuse.layer_norm_linear(input, [size], ln_weight, ln_bias, float(eps), weight, bias)
+    return F.linear(F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias)
+
+
+def _check(input, normalized_shape, weight, bias, op: str) -> None:
+    torch._check(
+        len(normalized_shape) == 1,
+        lambda: f"fxfuse::{op}: expected a layer norm over the last dimension, got normalized_shape {normalized_shape}",
+    )
+    size = normalized_shape[0]
+    torch._check(
+        input.dim() >= 1 and input.shape[-1] == size,
+        lambda: f"fxfuse::{op}: expected an input whose last dimension is {size}, got shape {tuple(input.shape)}",
+    )
+    torch._check(
+        weight.dim() == 2 and weight.shape[1] == size,
+        lambda: f"fxfuse::{op}: expected a 2-D weight of shape (out_features, {size}), got {tuple(weight.shape)}",
+    )
+    if bias is not None:
+        torch._check(
+            bias.dim() == 1 and bias.shape[0] == weight.shape[0],
+            lambda: f"fxfuse::{op}: expected a bias of shape [{weight.shape[0]}], got {tuple(bias.shape)}",
+        )
+
+
+def _fake(input, normalized_shape, ln_weight, ln_bias, eps, weight, bias):
+    _check(input, normalized_shape, weight, bias, "layer_norm_linear")
+    y = torch.ops.aten.native_layer_norm.default(input, normalized_shape, ln_weight, ln_bias, eps)[0]
+    return torch.ops.aten.linear.default(y, weight, bias)
+
+
+def _backward_fake(grad_out, input, normalized_shape, ln_weight, ln_bias, eps, weight, bias, output_mask):
+    _check(input, normalized_shape, weight, bias, "layer_norm_linear_backward")
+    ln_mask = [output_mask[0], output_mask[1] and ln_weight is not None, output_mask[2] and ln_bias is not None]
+    grad_input = grad_ln_weight = grad_ln_bias = None
+    if any(ln_mask):
+        _, mean, rstd = torch.ops.aten.native_layer_norm.default(input, normalized_shape, ln_weight, ln_bias, eps)
+        grad_y = torch.ops.aten.matmul.default(grad_out, weight)
+        grad_input, grad_ln_weight, grad_ln_bias = torch.ops.aten.native_layer_norm_backward.default(
+            grad_y, input, normalized_shape, mean, rstd, ln_weight, ln_bias, ln_mask
+        )
+    return (
+        grad_input,
+        grad_ln_weight,
+        grad_ln_bias,
+        weight.new_empty(weight.shape) if output_mask[3] else None,
+        bias.new_empty(bias.shape) if output_mask[4] and bias is not None else None,
+    )
+
+
+def _setup(ctx, inputs, output):
+    input, normalized_shape, ln_weight, ln_bias, eps, weight, bias = inputs
+    ctx.save_for_backward(input, ln_weight, ln_bias, weight, bias)
+    ctx.config = (normalized_shape, eps)
+
+
+def _bwd(ctx, grad_out):
+    input, ln_weight, ln_bias, weight, bias = ctx.saved_tensors
+    normalized_shape, eps = ctx.config
+    need = ctx.needs_input_grad
+    grads = torch.ops.fxfuse.layer_norm_linear_backward(
+        grad_out, input, normalized_shape, ln_weight, ln_bias, eps, weight, bias,
+        [need[0], need[2], need[3], need[5], need[6]],
+    )  # fmt: skip
+    grad_input, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias = grads
+    return grad_input, None, grad_ln_weight, grad_ln_bias, None, grad_weight, grad_bias
+
+
+def register() -> None:
+    """Fake kernels and autograd of the op (fxfuse._C defines it)."""
+    torch.library.register_fake("fxfuse::layer_norm_linear", _fake)
+    torch.library.register_fake("fxfuse::layer_norm_linear_backward", _backward_fake)
+    torch.library.register_autograd("fxfuse::layer_norm_linear", _bwd, setup_context=_setup)
