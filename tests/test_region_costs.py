@@ -28,6 +28,18 @@ def test_a_blocks_flops_are_its_convolutions():
     assert block.kind == "block"
 
 
+def test_a_blocks_flops_include_the_layers_inside_fused_ops():
+    # A ConvNeXt block, fused in fast mode: its Linears run inside fxfuse::layer_norm_linear and
+    # fxfuse::act_linear (ops/flops.py gives the counter their FLOPs), the depthwise conv eagerly.
+    x = torch.randn(2, 3, 32, 32)
+    profile = _profile(torchvision.models.convnext_tiny(num_classes=10), x)
+    block = next(r for r in profile.regions if r.name == "features.1.0")
+    rows, width = 2 * 8 * 8, 96
+    linears = 2 * (2 * rows * width * 4 * width)
+    depthwise = 2 * rows * width * 7 * 7
+    assert block.flops == linears + depthwise
+
+
 def test_a_region_frees_what_only_its_nodes_keep_less_its_input():
     x = torch.randn(2, 3, 64, 64)
     profile = _profile(torchvision.models.resnet18(num_classes=10), x)

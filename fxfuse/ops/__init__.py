@@ -5,7 +5,8 @@ Each family module (`batch_norm`, `conv_batch_norm`, `batch_norm_conv`,
 fake kernels and its autograd formulas; `checks` holds what they share. Importing
 this package loads fxfuse._C (which defines the schemas and the CPU and
 device-generic kernels) and then registers every family's fake kernels and autograd.
-`compiled` holds the opt-in ATen compositions the wrappers run under torch.compile.
+`compiled` holds the opt-in ATen compositions the wrappers run under torch.compile;
+`flops` the ops' formulas for torch.utils.flop_counter.
 """
 
 from .. import _extension
@@ -14,6 +15,7 @@ from . import (
     batch_norm_conv,
     compiled,
     conv_batch_norm,
+    flops,
     gelu_activation,
     layer_activation,
     norm_linear,
@@ -29,6 +31,7 @@ from .norm_linear import layer_norm_linear
 if _extension.loaded():
     for _family in (batch_norm, batch_norm_conv, conv_batch_norm, gelu_activation, layer_activation, norm_linear):
         _family.register()
+    flops.register()
 
 __all__ = [
     "ACTIVATIONS",

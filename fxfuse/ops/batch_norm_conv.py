@@ -26,7 +26,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.flop_counter import conv_flop_count, flop_registry, register_flop_formula
 
 from . import compiled
 from .batch_norm import batch_norm_act, batch_ok, update_running_stats
@@ -249,16 +248,8 @@ def _backward(ctx, grad_out, *_grad_stats):
     return tuple(result)
 
 
-def _forward_flops(input_shape, _in_weight, _in_bias, _in_mean, _in_var, _in_batch_stats, _in_eps, _in_act,
-                   _in_act_param, weight_shape, *args, out_shape=None, **kwargs) -> int:  # fmt: skip
-    """The convolution's FLOPs (FlopCounterMode; recompute regions are costed with it)."""
-    return conv_flop_count(input_shape, weight_shape, out_shape[0])
-
-
 def register() -> None:
-    """Fake kernels, autograd and FLOP count of this family's ops (fxfuse._C defines the ops)."""
-    if torch.ops.fxfuse.bn_act_conv not in flop_registry:
-        register_flop_formula(torch.ops.fxfuse.bn_act_conv)(_forward_flops)
+    """Fake kernels and autograd of this family's ops (fxfuse._C defines the ops; FLOPs: ops/flops.py)."""
     torch.library.register_fake("fxfuse::bn_act_conv", _bn_act_conv_fake)
     torch.library.register_fake("fxfuse::bn_act_conv_backward", _bn_act_conv_backward_fake)
     torch.library.register_autograd("fxfuse::bn_act_conv", _backward, setup_context=_setup)

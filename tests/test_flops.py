@@ -1,0 +1,64 @@
+"""FLOP formulas of fxfuse's ops (fxfuse/ops/flops.py): FlopCounterMode counts an optimized model's
+train step as eager's plus exactly the recompute each fused site reports."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import fxfuse
+from fxfuse import _extension
+
+pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
+
+
+class EveryLayerOp(nn.Module):
+    """conv→BN→ReLU, BN→ReLU→conv (and a conv→BN after it), conv→GELU, LayerNorm→Linear,
+    GELU→Linear and Linear→SiLU: one site of every op that holds a conv or a matmul."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.mid = nn.Sequential(nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8))
+        self.tail = nn.Sequential(nn.Conv2d(8, 8, 1, groups=2), nn.GELU())
+        self.norm, self.fc1, self.act, self.fc2 = nn.LayerNorm(8), nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.SiLU())
+
+    def forward(self, x):
+        x = self.tail(self.mid(self.stem(x))).permute(0, 2, 3, 1)
+        return self.head(self.fc2(self.act(self.fc1(self.norm(x)))))
+
+
+def _step_flops(model, x) -> int:
+    with FlopCounterMode(display=False) as counter:
+        model(x).square().sum().backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("mode", ["fast", "memory"])
+def test_optimized_step_counts_eagers_flops_plus_the_reported_recompute(mode):
+    model, x = EveryLayerOp(), torch.randn(2, 3, 8, 8)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, mode=mode)
+    ops = {s.op for s in optimized.fxfuse_report.fused}
+    expected_ops = {"fxfuse::bn_act_conv", "fxfuse::layer_norm_linear", "fxfuse::act_linear"}
+    if mode == "memory":
+        expected_ops |= {"fxfuse::conv_bn_act", "fxfuse::conv_act", "fxfuse::linear_act"}
+    assert expected_ops <= ops
+    recompute = sum(s.recompute_flops for s in optimized.fxfuse_report.fused)
+    assert (recompute > 0) == (mode == "memory")
+    assert _step_flops(optimized, x) == _step_flops(model, x) + recompute
+
+
+def test_forward_counts_equal_eager():
+    model, x = EveryLayerOp(), torch.randn(2, 3, 8, 8)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, mode="memory")
+    for m in (model, optimized):
+        m.eval()
+    counts = []
+    for m in (model, optimized):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            m(x)
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0
