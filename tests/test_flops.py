@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is no
 
 class EveryLayerOp(nn.Module):
     """conv→BN→ReLU, BN→ReLU→conv (and a conv→BN after it), conv→GELU, LayerNorm→Linear,
-    GELU→Linear and Linear→SiLU: one site of every op that holds a conv or a matmul."""
+    GELU→Linear→LayerScale and Linear→SiLU: one site of every op that holds a conv or a matmul."""
 
     def __init__(self):
         super().__init__()
@@ -25,10 +25,11 @@ class EveryLayerOp(nn.Module):
         self.tail = nn.Sequential(nn.Conv2d(8, 8, 1, groups=2), nn.GELU())
         self.norm, self.fc1, self.act, self.fc2 = nn.LayerNorm(8), nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)
         self.head = nn.Sequential(nn.Linear(8, 8), nn.SiLU())
+        self.gamma = nn.Parameter(torch.rand(8))
 
     def forward(self, x):
         x = self.tail(self.mid(self.stem(x))).permute(0, 2, 3, 1)
-        return self.head(self.fc2(self.act(self.fc1(self.norm(x)))))
+        return self.head(self.fc2(self.act(self.fc1(self.norm(x)))) * self.gamma)
 
 
 def _step_flops(model, x) -> int:
@@ -42,7 +43,7 @@ def test_optimized_step_counts_eagers_flops_plus_the_reported_recompute(mode):
     model, x = EveryLayerOp(), torch.randn(2, 3, 8, 8)
     optimized = fxfuse.optimize(copy.deepcopy(model), x, mode=mode)
     ops = {s.op for s in optimized.fxfuse_report.fused}
-    expected_ops = {"fxfuse::bn_act_conv", "fxfuse::layer_norm_linear", "fxfuse::act_linear"}
+    expected_ops = {"fxfuse::bn_act_conv", "fxfuse::layer_norm_linear", "fxfuse::act_linear_scale"}
     if mode == "memory":
         expected_ops |= {"fxfuse::conv_bn_act", "fxfuse::conv_act", "fxfuse::linear_act"}
     assert expected_ops <= ops

@@ -101,6 +101,7 @@ def test_convnext_tiny_float32():
     assert Counter(s.op for s in optimized.fxfuse_report.fused) == {
         "fxfuse::act_linear": 18,
         "fxfuse::layer_norm_linear": 18,
+        "fxfuse::act_linear_scale": 18,  # layer_scale * fc2's output
     }
     assert_equivalent(model, optimized, torch.randn(2, 3, 32, 32), dtype=torch.float32)
 

@@ -41,4 +41,28 @@ inline void bn_args(
   if (bias.has_value() && bias->defined()) check(*bias, "bias");
 }
 
+// F.linear's operands: an input with at least one dimension whose last one is in_features, a
+// 2-D (out_features, in_features) weight, and a bias of out_features elements when given.
+inline void linear_args(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const char* op) {
+  TORCH_CHECK(
+      input.dim() >= 1, "fxfuse::", op, ": expected an input with at least 1 dimension, got a ",
+      "0-D tensor");
+  TORCH_CHECK(
+      weight.dim() == 2, "fxfuse::", op,
+      ": expected a 2-D weight of shape (out_features, in_features), got shape ",
+      weight.sizes());
+  TORCH_CHECK(
+      input.size(-1) == weight.size(1), "fxfuse::", op,
+      ": expected the input's last dimension to equal in_features = weight.size(1) = ",
+      weight.size(1), ", got input of shape ", input.sizes());
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(
+        bias->dim() == 1 && bias->size(0) == weight.size(0), "fxfuse::", op,
+        ": expected a bias of shape [", weight.size(0), "] (out_features), got shape ",
+        bias->sizes());
+  }
+}
+
 }  // namespace fxfuse::checks

@@ -110,6 +110,15 @@ TORCH_LIBRARY(fxfuse, m) {
       "act_linear_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
       "str act, float act_param, bool[3] output_mask) "
       "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  // F.linear(act(input), weight, bias) * scale (one scale per output feature) that keeps only
+  // input and the parameters for backward (generic/act_linear_scale.cpp).
+  m.def(
+      "act_linear_scale(Tensor input, Tensor weight, Tensor? bias, Tensor scale, str act, "
+      "float act_param) -> Tensor");
+  m.def(
+      "act_linear_scale_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "Tensor scale, str act, float act_param, bool[4] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias, Tensor grad_scale)");
   // F.linear(F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias)
   // that keeps only input and the parameters for backward (generic/layer_norm_linear.cpp).
   m.def(

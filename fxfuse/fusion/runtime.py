@@ -149,6 +149,43 @@ def act_linear_module(x: Tensor, act: str, act_param: float, linear: nn.Linear, 
     return linear(y)
 
 
+def scales_features(scale_shape: tuple, ndim: int, dims: tuple, features: int) -> bool:
+    """Whether multiplying a linear output of rank `ndim`, permuted by `dims`, by a tensor of
+    `scale_shape` scales each of its `features` output features (the shape broadcasts to
+    `features` on that feature's axis and to 1 elsewhere)."""
+    if len(scale_shape) > ndim or (dims and sorted(dims) != list(range(ndim))):
+        return False
+    shape = (1,) * (ndim - len(scale_shape)) + tuple(scale_shape)
+    feature = dims.index(ndim - 1) if dims else ndim - 1
+    return shape[feature] == features and all(s == 1 for i, s in enumerate(shape) if i != feature)
+
+
+def act_linear_scale_module(
+    x: Tensor,
+    act: str,
+    act_param: float,
+    linear: nn.Linear,
+    pre: tuple,
+    post: tuple,
+    dims: tuple,
+    scale: Tensor,
+) -> Tensor:
+    """`permute(post(linear(pre(act(x)))), dims) * scale` (passes/layer_scale.py), keeping only `x`
+    for backward, where the modules of `pre` and `post` are the identity in this call and
+    `scale` scales each output feature. Otherwise the modules run as they are, eagerly."""
+    if all(_identity_now(m) for m in (*pre, *post)):
+        if isinstance(scale, Tensor) and scales_features(tuple(scale.shape), x.dim(), dims, linear.out_features):
+            y = ops.act_linear_scale(x, linear.weight, linear.bias, scale.reshape(-1), act, act_param)
+            return y.permute(dims) if dims else y
+    y = apply_activation(x, act, act_param)
+    for module in pre:
+        y = module(y)
+    y = linear(y)
+    for module in post:
+        y = module(y)
+    return (y.permute(dims) if dims else y) * scale
+
+
 def layer_norm_linear_module(x: Tensor, norm: nn.LayerNorm, linear: nn.Linear) -> Tensor:
     """`linear(norm(x))`, keeping only `x` for backward."""
     return ops.layer_norm_linear(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)

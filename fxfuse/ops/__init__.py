@@ -25,7 +25,7 @@ from .batch_norm_conv import bn_act_conv
 from .checks import ACTIVATIONS
 from .conv_batch_norm import conv_bn_act
 from .gelu_activation import gelu
-from .layer_activation import act_linear, conv_act, linear_act
+from .layer_activation import act_linear, act_linear_scale, conv_act, linear_act
 from .norm_linear import layer_norm_linear
 
 if _extension.loaded():
@@ -36,6 +36,7 @@ if _extension.loaded():
 __all__ = [
     "ACTIVATIONS",
     "act_linear",
+    "act_linear_scale",
     "batch_norm_act",
     "bn_act_conv",
     "compiled",

@@ -52,6 +52,11 @@ def _act_linear_backward(grad_out_shape, input_shape, weight_shape, bias, act, a
     return _matmul(input_shape, weight_shape) * (bool(mask[0]) + bool(mask[1]))
 
 
+def _act_linear_scale_backward(grad_out_shape, input_shape, weight_shape, bias, scale, act, act_param, mask, **kw):
+    # grad_input's matmul; one product serves grad_weight and grad_scale.
+    return _matmul(input_shape, weight_shape) * (bool(mask[0]) + (bool(mask[1]) or bool(mask[3])))
+
+
 def _layer_norm_linear_forward(input_shape, normalized_shape, ln_weight, ln_bias, eps, weight_shape, *a, **kw) -> int:
     return _matmul(input_shape, weight_shape)
 
@@ -101,6 +106,8 @@ def register() -> None:
         fxfuse.act_linear: _linear_forward,
         fxfuse.linear_act_backward: _linear_act_backward,
         fxfuse.act_linear_backward: _act_linear_backward,
+        fxfuse.act_linear_scale: _linear_forward,
+        fxfuse.act_linear_scale_backward: _act_linear_scale_backward,
         fxfuse.layer_norm_linear: _layer_norm_linear_forward,
         fxfuse.layer_norm_linear_backward: _layer_norm_linear_backward,
         fxfuse.conv_act: _conv_act_forward,

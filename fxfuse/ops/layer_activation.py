@@ -35,6 +35,7 @@ from . import compiled
 from .checks import (
     IntPair,
     apply_activation,
+    autocast_on,
     check_act,
     conv_backward_meta,
     conv_geometry,
@@ -45,7 +46,7 @@ from .checks import (
     plain,
 )
 
-__all__ = ["act_linear", "conv_act", "linear_act"]
+__all__ = ["act_linear", "act_linear_scale", "conv_act", "linear_act"]
 
 
 def _linear_fusable(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
@@ -84,6 +85,36 @@ def act_linear(
             return compiled.compiled_act_layer(F.linear, (input, weight, bias), act, act_param)
         return torch.ops.fxfuse.act_linear(input, weight, bias, act, float(act_param))
     return F.linear(apply_activation(input, act, act_param), weight, bias)
+
+
+def act_linear_scale(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    scale: Tensor,
+    act: str = "none",
+    act_param: float = 0.0,
+) -> Tensor:
+    """`F.linear(act(input), weight, bias) * scale`, one scale per output feature (a LayerScale),
+    keeping only input, weight, bias and scale for backward (eager's multiply keeps the linear's
+    output for the scale's gradient; the op gets that gradient from the weight gradient's product).
+
+    Under autocast, or with a scale of another dtype or device (type promotion), it is eager's
+    composition."""
+    check_act(act)
+    if (
+        _linear_fusable(input, weight, bias)
+        and plain(scale)
+        and not autocast_on(input.device.type)
+        and scale.dim() == 1
+        and scale.shape[0] == weight.shape[0]
+        and scale.dtype == input.dtype
+        and scale.device == input.device
+    ):
+        if compiled.composing():  # under torch.compile with the compositions: act_linear's, then the multiply
+            return act_linear(input, weight, bias, act, act_param) * scale
+        return torch.ops.fxfuse.act_linear_scale(input, weight, bias, scale, act, float(act_param))
+    return F.linear(apply_activation(input, act, act_param), weight, bias) * scale
 
 
 def conv_act(
@@ -192,6 +223,51 @@ def _linear_family(op: str):
     return fake, backward_fake, setup, bwd
 
 
+# --------------------------------------------------------------------------- act_linear_scale
+
+
+def _check_scale(weight, scale, op: str) -> None:
+    torch._check(
+        scale.dim() == 1 and scale.shape[0] == weight.shape[0],
+        lambda: f"fxfuse::{op}: expected a scale of shape [{weight.shape[0]}], got {tuple(scale.shape)}",
+    )
+
+
+def _act_linear_scale_fake(input, weight, bias, scale, act, act_param):
+    _check_linear(input, weight, bias, "act_linear_scale")
+    _check_scale(weight, scale, "act_linear_scale")
+    check_act(act)
+    return torch.ops.aten.linear.default(input, weight, bias)
+
+
+def _act_linear_scale_backward_fake(grad_out, input, weight, bias, scale, act, act_param, output_mask):
+    _check_linear(input, weight, bias, "act_linear_scale_backward")
+    _check_scale(weight, scale, "act_linear_scale_backward")
+    check_act(act)
+    return (
+        input.new_empty(input.shape) if output_mask[0] else None,
+        weight.new_empty(weight.shape) if output_mask[1] else None,
+        bias.new_empty(bias.shape) if output_mask[2] and bias is not None else None,
+        scale.new_empty(scale.shape) if output_mask[3] else None,
+    )
+
+
+def _act_linear_scale_setup(ctx, inputs, output):
+    input, weight, bias, scale, act, act_param = inputs
+    ctx.save_for_backward(input, weight, bias, scale)
+    ctx.config = (act, act_param)
+
+
+def _act_linear_scale_bwd(ctx, grad_out):
+    input, weight, bias, scale = ctx.saved_tensors
+    act, act_param = ctx.config
+    need = ctx.needs_input_grad
+    grads = torch.ops.fxfuse.act_linear_scale_backward(
+        grad_out, input, weight, bias, scale, act, act_param, [need[0], need[1], need[2], need[3]]
+    )
+    return (*grads, None, None)
+
+
 # --------------------------------------------------------------------------- conv_act
 
 
@@ -243,6 +319,11 @@ def register() -> None:
         torch.library.register_fake(f"fxfuse::{op}", fake)
         torch.library.register_fake(f"fxfuse::{op}_backward", backward_fake)
         torch.library.register_autograd(f"fxfuse::{op}", bwd, setup_context=setup)
+    torch.library.register_fake("fxfuse::act_linear_scale", _act_linear_scale_fake)
+    torch.library.register_fake("fxfuse::act_linear_scale_backward", _act_linear_scale_backward_fake)
+    torch.library.register_autograd(
+        "fxfuse::act_linear_scale", _act_linear_scale_bwd, setup_context=_act_linear_scale_setup
+    )
     torch.library.register_fake("fxfuse::conv_act", _conv_act_fake)
     torch.library.register_fake("fxfuse::conv_act_backward", _conv_act_backward_fake)
     torch.library.register_autograd("fxfuse::conv_act", _conv_act_bwd, setup_context=_conv_act_setup)

@@ -84,6 +84,15 @@ at::Tensor layer_norm_linear_autocast(
   return at::linear(at::layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias);
 }
 
+// Eager multiplies act_linear's autocast output by the scale outside any autocast list (type
+// promotion: a float32 scale gives a float32 result), so under autocast the op is that
+// composition, with act_linear dispatched through autocast again.
+at::Tensor act_linear_scale_autocast(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& scale, c10::string_view act, double act_param) {
+  return dispatch::act_linear(input, weight, bias, act, act_param).mul(scale);
+}
+
 }  // namespace
 
 #define FXFUSE_REGISTER_AUTOCAST(KEY, DEVICE)                                                   \
@@ -93,6 +102,7 @@ at::Tensor layer_norm_linear_autocast(
     m.impl("linear_act", TORCH_FN((linear_act_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
     m.impl("act_linear", TORCH_FN((act_linear_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
     m.impl("layer_norm_linear", TORCH_FN(layer_norm_linear_autocast));                          \
+    m.impl("act_linear_scale", TORCH_FN(act_linear_scale_autocast));                            \
   }
 
 FXFUSE_REGISTER_AUTOCAST(AutocastCPU, c10::DeviceType::CPU)

@@ -20,33 +20,12 @@
 #include <vector>
 
 #include "../activation_ops.h"
+#include "../checks.h"
 
 namespace fxfuse {
 namespace {
 
 bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
-void check_linear_args(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const char* op) {
-  TORCH_CHECK(
-      input.dim() >= 1, "fxfuse::", op, ": expected an input with at least 1 dimension, got a ",
-      "0-D tensor");
-  TORCH_CHECK(
-      weight.dim() == 2, "fxfuse::", op,
-      ": expected a 2-D weight of shape (out_features, in_features), got shape ",
-      weight.sizes());
-  TORCH_CHECK(
-      input.size(-1) == weight.size(1), "fxfuse::", op,
-      ": expected the input's last dimension to equal in_features = weight.size(1) = ",
-      weight.size(1), ", got input of shape ", input.sizes());
-  if (has(bias)) {
-    TORCH_CHECK(
-        bias->dim() == 1 && bias->size(0) == weight.size(0), "fxfuse::", op,
-        ": expected a bias of shape [", weight.size(0), "] (out_features), got shape ",
-        bias->sizes());
-  }
-}
 
 at::Tensor conv(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -71,7 +50,7 @@ void check_conv_args(const at::Tensor& input, const at::Tensor& weight, const ch
 at::Tensor linear_act(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     c10::string_view act, double act_param) {
-  check_linear_args(input, weight, bias, "linear_act");
+  checks::linear_args(input, weight, bias, "linear_act");
   const Act a = parse_act(act);
   at::Tensor y = at::linear(input, weight, bias);
   return act_forward_(y, a, act_param);
@@ -81,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_act_backward(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, c10::string_view act, double act_param,
     std::array<bool, 3> output_mask) {
-  check_linear_args(input, weight, bias, "linear_act_backward");
+  checks::linear_args(input, weight, bias, "linear_act_backward");
   const Act a = parse_act(act);
   const bool has_bias = has(bias);
   if (!(output_mask[0] || output_mask[1] || (output_mask[2] && has_bias))) return {};
@@ -108,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_act_backward(
 at::Tensor act_linear(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     c10::string_view act, double act_param) {
-  check_linear_args(input, weight, bias, "act_linear");
+  checks::linear_args(input, weight, bias, "act_linear");
   const Act a = parse_act(act);
   return at::linear(act_forward(input, a, act_param), weight, bias);
 }
@@ -117,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, c10::string_view act, double act_param,
     std::array<bool, 3> output_mask) {
-  check_linear_args(input, weight, bias, "act_linear_backward");
+  checks::linear_args(input, weight, bias, "act_linear_backward");
   const Act a = parse_act(act);
   const bool has_bias = has(bias);
   at::Tensor grad_input, grad_weight, grad_bias;

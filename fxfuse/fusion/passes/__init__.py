@@ -6,7 +6,8 @@ records skipped sites with their reasons, applies the policy's selection, rewrit
 through `rewrite.replace_chain` and reports. `act_linear` runs before `linear_conv_act`, so
 that an MLP's activation is merged into the Linear after it (no matmul recomputed) rather
 than recomputed with the Linear before it (same bytes kept); `norm_linear` merges a
-LayerNorm into the Linear after it. `bn_act_conv` merges a rewritten BN→activation
+LayerNorm into the Linear after it, `layer_scale` a per-feature scale (LayerScale) into the
+Linear before it. `bn_act_conv` merges a rewritten BN→activation
 site into the conv after it (crediting the BN site's report entry); `inplace_add`
 rewrites through `replace_chain` too, but reports no sites (it saves an allocation,
 not memory).
@@ -14,7 +15,17 @@ not memory).
 
 from __future__ import annotations
 
-from . import act_linear, bn_act, bn_act_conv, conv_bn_act, gelu, inplace_add, linear_conv_act, norm_linear
+from . import (
+    act_linear,
+    bn_act,
+    bn_act_conv,
+    conv_bn_act,
+    gelu,
+    inplace_add,
+    layer_scale,
+    linear_conv_act,
+    norm_linear,
+)
 from .context import PassContext
 
 PASSES = (
@@ -23,6 +34,7 @@ PASSES = (
     act_linear.PASS,
     linear_conv_act.PASS,
     norm_linear.PASS,
+    layer_scale.PASS,
     gelu.PASS,
     bn_act_conv.run,
     inplace_add.run,

@@ -32,7 +32,7 @@ from .matchers import activation_of, first_input, has_hooks, site_name
 _IDENTITY_MODULES = (nn.Identity, nn.Dropout)
 
 
-def _between(node: fx.Node, ctx: PassContext) -> bool:
+def passes_through(node: fx.Node, ctx: PassContext) -> bool:
     """A call of nn.Identity or of an nn.Dropout with p=0 (checked again at call time: runtime.act_linear_module)."""
     if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
         return False
@@ -50,7 +50,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     chain, between = [node], []
     while len(chain[-1].users) == 1:
         user = next(iter(chain[-1].users))
-        if not _between(user, ctx) or user.args[0] is not chain[-1]:
+        if not passes_through(user, ctx) or user.args[0] is not chain[-1]:
             break
         chain.append(user)
         between.append(user)

@@ -48,7 +48,7 @@ class FusionPass:
             return 0
         fused = 0
         for node in list(ctx.graph.nodes):
-            if node.graph is not ctx.graph or node.op not in ("call_module", "call_function"):
+            if node.graph is not ctx.graph or node.op not in ("call_module", "call_function", "call_method"):
                 continue  # erased by an earlier rewrite, or no call
             site = self.match(node, ctx)
             if site is None:

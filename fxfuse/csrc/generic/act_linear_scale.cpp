@@ -1,0 +1,78 @@
+// F.linear(act(input), weight, bias) * scale, with a scale per output feature (a LayerScale:
+// ConvNeXt's layer_scale, CaiT's and DeiT-III's gamma), that keeps only the input and the
+// parameters for backward. Eager's multiply keeps the linear's output for the scale's gradient;
+// here that gradient comes from the product the weight gradient needs anyway:
+//   M = grad_out^T act(input)              (out_features x in_features)
+//   grad_weight = scale * M                (row c scaled by scale[c])
+//   grad_scale  = sum_k weight ⊙ M + bias * sum_rows(grad_out)
+//   grad_bias   = scale * sum_rows(grad_out)
+// Exact in real arithmetic; the weight's, bias's and scale's gradients round differently from
+// eager's (the same matmuls, scaled before instead of after). The forward and the input's
+// gradient are eager's ATen calls in eager's order. act may be "none" (a plain Linear).
+#include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
+#include <torch/library.h>
+
+#include <array>
+#include <tuple>
+
+#include "../activation_ops.h"
+#include "../checks.h"
+
+namespace fxfuse {
+namespace {
+
+void check_args(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& scale, const char* op) {
+  checks::linear_args(input, weight, bias, op);
+  TORCH_CHECK(
+      scale.dim() == 1 && scale.size(0) == weight.size(0), "fxfuse::", op,
+      ": expected a scale of shape [", weight.size(0), "] (one per output feature), got shape ",
+      scale.sizes());
+}
+
+}  // namespace
+
+at::Tensor act_linear_scale(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& scale, c10::string_view act, double act_param) {
+  check_args(input, weight, bias, scale, "act_linear_scale");
+  at::Tensor y = at::linear(act_forward(input, parse_act(act), act_param), weight, bias);
+  return y.mul_(scale);  // eager's out-of-place multiply, same products, into the fresh output
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> act_linear_scale_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& scale, c10::string_view act,
+    double act_param, std::array<bool, 4> output_mask) {
+  check_args(input, weight, bias, scale, "act_linear_scale_backward");
+  const Act a = parse_act(act);
+  const bool has_bias = bias.has_value() && bias->defined();
+  at::Tensor grad_input, grad_weight, grad_bias, grad_scale;
+  const at::Tensor g2 = grad_out.reshape({-1, weight.size(0)});
+  at::Tensor column_sum;
+  if (has_bias && (output_mask[2] || output_mask[3])) column_sum = g2.sum(0);
+  if (output_mask[1] || output_mask[3]) {
+    // The recomputed activation lives only for this product.
+    const at::Tensor m = at::mm(g2.t(), act_forward(input, a, act_param).reshape({-1, weight.size(1)}));
+    if (output_mask[3]) {
+      grad_scale = m.mul(weight).sum(1);
+      if (has_bias) grad_scale.add_(column_sum.mul(*bias));
+    }
+    if (output_mask[1]) grad_weight = m.mul_(scale.unsqueeze(1));
+  }
+  if (output_mask[2] && has_bias) grad_bias = column_sum.mul_(scale);
+  if (output_mask[0]) {
+    grad_input = act_backward(at::matmul(grad_out.mul(scale), weight), input, a, act_param);
+  }
+  return {grad_input, grad_weight, grad_bias, grad_scale};
+}
+
+TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
+  m.impl("act_linear_scale", &act_linear_scale);
+  m.impl("act_linear_scale_backward", &act_linear_scale_backward);
+}
+
+}  // namespace fxfuse
