@@ -50,6 +50,54 @@ def test_assignments_are_undone_and_named():
     assert m[1].num_batches_tracked is buffer and not hasattr(m[0], "extra") and m[1].momentum == 0.1
 
 
+def test_writes_into_dict_and_list_attributes_are_undone_and_named():
+    m = _model()
+    m[0].cache, m[1].seen = {"cpu": 1}, [1]
+    cache, seen = m[0].cache, m[1].seen
+    guard = StateGuard(m)
+    guard.begin(m)
+    m[0].cache["cuda"] = object()  # timm LeViT's attention_bias_cache in eval
+    m[1].seen.append(2)
+    assert sorted(guard.end()) == ["0.cache", "1.seen"]
+    assert m[0].cache is cache and cache == {"cpu": 1} and m[1].seen is seen and seen == [1]
+
+
+class _Cached(nn.Module):
+    """Caches a tensor derived from a parameter in eval, as timm's LeViT attention does."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+        self.bias = nn.Parameter(torch.randn(4, 1, 1))
+        self.cache = {}
+
+    def forward(self, x):
+        if self.training:
+            bias = self.bias * 2
+        else:
+            if "b" not in self.cache:
+                self.cache["b"] = self.bias * 2
+            bias = self.cache["b"]
+        return torch.relu(self.bn(self.conv(x))) + bias
+
+
+def test_a_module_filling_a_cache_in_forward_stays_eager_and_untouched():
+    import copy
+
+    import fxfuse
+    from fxfuse.testing import assert_equivalent
+
+    model = nn.Sequential(_Cached()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))  # traced in eval: the cache is filled
+    assert optimized[0].cache == {}
+    assert any("0: not traceable" in n and "0.cache" in n for n in optimized.fxfuse_report.notes)
+    torch.testing.assert_close(optimized(x), model(x))
+    assert list(optimized[0].cache) == ["b"] and isinstance(optimized[0].cache["b"], torch.Tensor)
+    fresh = nn.Sequential(_Cached())
+    assert_equivalent(fresh, fxfuse.optimize(copy.deepcopy(fresh), (x,)), x)  # train, then eval
+
+
 def test_a_write_is_blamed_on_the_innermost_frame_only():
     m = _model()
     guard = StateGuard(m)

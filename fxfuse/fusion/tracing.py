@@ -101,8 +101,9 @@ class FxFuseTracer(fx.Tracer):
 class _ChangesState(Exception):
     def __init__(self, names: list[str]) -> None:
         super().__init__(
-            f"its forward changes {', '.join(names)} in a way torch.fx cannot record (assignment, or an in-place "
-            f"write to a tensor that is not a registered buffer); buffers updated in place are recorded"
+            f"its forward changes {', '.join(names)} in a way torch.fx cannot record (assignment, a write "
+            f"into a dict or list attribute, or an in-place write to a tensor that is not a registered "
+            f"buffer); buffers updated in place are recorded"
         )
 
 
