@@ -81,6 +81,10 @@ ZOO: list[ZooModel] = [
     *_family("MobileViT", "mobilevit_xxs", "mobilevitv2_050"),
     *_family("ConvNeXt", "convnext_atto", conv_bn=False),
     *_family("ViT", "vit_tiny_patch16_224", size=32, kwargs={"img_size": 32}, conv_bn=False),
+    # LeViT's attention fills a cache in eval (kept eager), its biases fix the input at 224x224.
+    *_family("LeViT", "levit_128s", size=224),
+    # LayerScale after attention and MLP (act_linear_scale), LayerNorm → qkv / fc1 (layer_norm_linear).
+    *_family("DeiT-III", "deit3_small_patch16_224", size=32, kwargs={"img_size": 32}, conv_bn=False),
 ]
 
 

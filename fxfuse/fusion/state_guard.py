@@ -34,11 +34,17 @@ def owned_tensors(root: nn.Module) -> Iterator[tuple[str, Tensor]]:
                 yield prefix + name, t
 
 
+# nn.Module's own registries (parameters, buffers, submodules: the bindings; hooks): not user state.
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+
+
 def _containers(m: nn.Module) -> dict[str, tuple]:
-    """`m`'s dict and list attributes (nn.Module's own registries included), each with a shallow
-    snapshot of its contents: what a forward can change without rebinding an attribute."""
+    """`m`'s own dict and list attributes, each with a shallow snapshot of its contents: what a
+    forward can change without rebinding an attribute."""
     out = {}
     for key, value in vars(m).items():
+        if key in _MODULE_INTERNALS:
+            continue
         if isinstance(value, dict):
             out[key] = (value, list(value.items()))
         elif isinstance(value, list):
