@@ -85,6 +85,27 @@ def test_functional_form_and_shape_reads():
         assert_equivalent(model, optimized, x, dtype=torch.float64)
 
 
+def test_functional_keywords_and_run_time_eps():
+    class Keywords(FunctionalNorm):
+        def forward(self, x):
+            y = F.layer_norm(input=x, normalized_shape=(16,), weight=self.weight, bias=self.bias)
+            return F.linear(input=y, weight=self.w)
+
+    class RunTimeEps(FunctionalNorm):
+        def forward(self, x):
+            eps = x.shape[0] * 1e-6
+            return F.linear(F.layer_norm(input=x, normalized_shape=(16,), weight=self.weight, eps=eps), self.w)
+
+    x = torch.randn(4, 16)
+    optimized = fxfuse.optimize(copy.deepcopy(model := Keywords()), x, mode="fast")
+    assert _ops(optimized) == ["fxfuse::layer_norm_linear"]
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+    report = fxfuse.optimize(RunTimeEps(), None, mode="fast").fxfuse_report
+    assert not report.fused
+    (skipped,) = report.skipped
+    assert "eps is not a constant number" in skipped.reason
+
+
 def test_left_alone_where_the_output_is_read_otherwise():
     class SecondUser(PreNorm):
         def forward(self, x):

@@ -30,7 +30,7 @@ from . import estimates
 from .calls import as_linear, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
-from .matchers import has_hooks, site_name
+from .matchers import first_input, has_hooks, site_name
 
 _LAYER_NORM_SIGNATURE = inspect.signature(F.layer_norm)
 
@@ -87,7 +87,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     norm, problem = _as_layer_norm(node, ctx)
     if norm is None and problem is None:
         return None
-    source = node.args[0] if "module" in (norm or {}) or problem else (norm or {}).get("input")
+    source = norm["input"] if norm is not None and "module" not in norm else first_input(node)
     shape_users = [u for u in node.users if _reads_only_shape(u, node)]
     others = [u for u in node.users if u not in shape_users]
     if not isinstance(source, fx.Node) or len(others) != 1:
