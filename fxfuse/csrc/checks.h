@@ -8,6 +8,9 @@
 
 namespace fxfuse::checks {
 
+// An optional tensor argument that was passed (a Tensor? given as None is not).
+inline bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
 // A 4-D (N, C, H, W) floating-point input.
 inline void bn_input(const at::Tensor& input, const char* op) {
   TORCH_CHECK(
@@ -37,8 +40,8 @@ inline void bn_args(
   };
   check(mean, "mean");
   check(var, "var");
-  if (weight.has_value() && weight->defined()) check(*weight, "weight");
-  if (bias.has_value() && bias->defined()) check(*bias, "bias");
+  if (given(weight)) check(*weight, "weight");
+  if (given(bias)) check(*bias, "bias");
 }
 
 // F.linear's operands: an input with at least one dimension whose last one is in_features, a
@@ -57,7 +60,7 @@ inline void linear_args(
       input.size(-1) == weight.size(1), "fxfuse::", op,
       ": expected the input's last dimension to equal in_features = weight.size(1) = ",
       weight.size(1), ", got input of shape ", input.sizes());
-  if (bias.has_value() && bias->defined()) {
+  if (given(bias)) {
     TORCH_CHECK(
         bias->dim() == 1 && bias->size(0) == weight.size(0), "fxfuse::", op,
         ": expected a bias of shape [", weight.size(0), "] (out_features), got shape ",

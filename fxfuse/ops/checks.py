@@ -219,6 +219,49 @@ def layer_kernels_apply(
     return dtype is not None and bn_params_apply(dtype, input.device, bn_params)
 
 
+# --------------------------------------------------------------------------- linear layers
+
+
+def linear_fusable(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether the fused linear ops compute F.linear(input, weight, bias) exactly (else the eager composition runs)."""
+    return (
+        plain(input, weight, bias)
+        and weight is not None
+        and fusable(input)
+        and layer_dtype(input, (weight, bias)) is not None
+        and input.dim() >= 1
+        and weight.dim() == 2
+        and input.shape[-1] == weight.shape[1]
+        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
+    )
+
+
+def check_linear(input, weight, bias, op: str) -> None:
+    """F.linear's operand shapes, for the fake kernels of the ops holding a linear (one wording)."""
+    torch._check(input.dim() >= 1, lambda: f"fxfuse::{op}: expected an input with at least 1 dimension")
+    torch._check(
+        weight.dim() == 2,
+        lambda: (
+            f"fxfuse::{op}: expected a 2-D weight of shape (out_features, in_features), got shape {tuple(weight.shape)}"
+        ),
+    )
+    torch._check(
+        input.shape[-1] == weight.shape[1],
+        lambda: (
+            f"fxfuse::{op}: expected the input's last dimension to equal in_features = "
+            f"{weight.shape[1]}, got input of shape {tuple(input.shape)}"
+        ),
+    )
+    if bias is not None:
+        torch._check(
+            bias.dim() == 1 and bias.shape[0] == weight.shape[0],
+            lambda: (
+                f"fxfuse::{op}: expected a bias of shape [{weight.shape[0]}] (out_features), "
+                f"got shape {tuple(bias.shape)}"
+            ),
+        )
+
+
 # --------------------------------------------------------------------------- fake kernels
 
 

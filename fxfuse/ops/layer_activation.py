@@ -37,30 +37,16 @@ from .checks import (
     apply_activation,
     autocast_on,
     check_act,
+    check_linear,
     conv_backward_meta,
     conv_geometry,
     conv_meta,
-    fusable,
-    layer_dtype,
     layer_kernels_apply,
+    linear_fusable,
     plain,
 )
 
 __all__ = ["act_linear", "act_linear_scale", "conv_act", "linear_act"]
-
-
-def _linear_fusable(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
-    """Whether the fused linear ops compute F.linear(input, weight, bias) exactly (else the eager composition runs)."""
-    return (
-        plain(input, weight, bias)
-        and weight is not None
-        and fusable(input)
-        and layer_dtype(input, (weight, bias)) is not None
-        and input.dim() >= 1
-        and weight.dim() == 2
-        and input.shape[-1] == weight.shape[1]
-        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
-    )
 
 
 def linear_act(
@@ -68,7 +54,7 @@ def linear_act(
 ) -> Tensor:
     """`act(F.linear(input, weight, bias))` that keeps only input, weight and bias for backward."""
     check_act(act)
-    if _linear_fusable(input, weight, bias):
+    if linear_fusable(input, weight, bias):
         if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
             return compiled.compiled_layer_act(F.linear, (input, weight, bias), act, act_param)
         return torch.ops.fxfuse.linear_act(input, weight, bias, act, float(act_param))
@@ -80,7 +66,7 @@ def act_linear(
 ) -> Tensor:
     """`F.linear(act(input), weight, bias)` that keeps only input, weight and bias for backward."""
     check_act(act)
-    if _linear_fusable(input, weight, bias):
+    if linear_fusable(input, weight, bias):
         if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
             return compiled.compiled_act_layer(F.linear, (input, weight, bias), act, act_param)
         return torch.ops.fxfuse.act_linear(input, weight, bias, act, float(act_param))
@@ -103,7 +89,7 @@ def act_linear_scale(
     composition."""
     check_act(act)
     if (
-        _linear_fusable(input, weight, bias)
+        linear_fusable(input, weight, bias)
         and plain(scale)
         and not autocast_on(input.device.type)
         and scale.dim() == 1
@@ -162,42 +148,17 @@ def _conv2d(input, weight, bias, *, stride, padding, dilation, groups):
 # --------------------------------------------------------------------------- linear_act, act_linear
 
 
-def _check_linear(input, weight, bias, op: str) -> None:
-    torch._check(input.dim() >= 1, lambda: f"fxfuse::{op}: expected an input with at least 1 dimension")
-    torch._check(
-        weight.dim() == 2,
-        lambda: (
-            f"fxfuse::{op}: expected a 2-D weight of shape (out_features, in_features), got shape {tuple(weight.shape)}"
-        ),
-    )
-    torch._check(
-        input.shape[-1] == weight.shape[1],
-        lambda: (
-            f"fxfuse::{op}: expected the input's last dimension to equal in_features = "
-            f"{weight.shape[1]}, got input of shape {tuple(input.shape)}"
-        ),
-    )
-    if bias is not None:
-        torch._check(
-            bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-            lambda: (
-                f"fxfuse::{op}: expected a bias of shape [{weight.shape[0]}] (out_features), "
-                f"got shape {tuple(bias.shape)}"
-            ),
-        )
-
-
 def _linear_family(op: str):
     """Fake kernel, backward fake kernel and autograd formula of `op` (linear_act or act_linear):
     one schema, the same saved tensors (input, weight, bias) and gradients of the same shapes."""
 
     def fake(input, weight, bias, act, act_param):
-        _check_linear(input, weight, bias, op)
+        check_linear(input, weight, bias, op)
         check_act(act)
         return torch.ops.aten.linear.default(input, weight, bias)
 
     def backward_fake(grad_out, input, weight, bias, act, act_param, output_mask):
-        _check_linear(input, weight, bias, f"{op}_backward")
+        check_linear(input, weight, bias, f"{op}_backward")
         check_act(act)
         # matmul / mm / sum results: fresh contiguous tensors.
         return (
@@ -234,14 +195,14 @@ def _check_scale(weight, scale, op: str) -> None:
 
 
 def _act_linear_scale_fake(input, weight, bias, scale, act, act_param):
-    _check_linear(input, weight, bias, "act_linear_scale")
+    check_linear(input, weight, bias, "act_linear_scale")
     _check_scale(weight, scale, "act_linear_scale")
     check_act(act)
     return torch.ops.aten.linear.default(input, weight, bias)
 
 
 def _act_linear_scale_backward_fake(grad_out, input, weight, bias, scale, act, act_param, output_mask):
-    _check_linear(input, weight, bias, "act_linear_scale_backward")
+    check_linear(input, weight, bias, "act_linear_scale_backward")
     _check_scale(weight, scale, "act_linear_scale_backward")
     check_act(act)
     return (

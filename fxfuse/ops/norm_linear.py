@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .checks import autocast_on, fusable, plain
+from .checks import autocast_on, check_linear, linear_fusable, plain
 
 __all__ = ["layer_norm_linear"]
 
@@ -41,20 +41,15 @@ def _last_dim(normalized_shape) -> Optional[int]:
 
 def _fusable(input, size, ln_weight, ln_bias, eps, weight, bias) -> bool:
     """Whether the fused op computes this call exactly as eager does (else the composition runs)."""
-    if not (plain(input, ln_weight, ln_bias, weight, bias) and weight is not None and size is not None):
+    if size is None or not linear_fusable(input, weight, bias) or autocast_on(input.device.type):
         return False
-    if not fusable(input) or autocast_on(input.device.type) or not isinstance(eps, numbers.Real):
-        return False
-    tensors = [t for t in (ln_weight, ln_bias, weight, bias) if t is not None]
-    if any(t.dtype != input.dtype or t.device != input.device for t in tensors):
-        return False
+    norm_params = [t for t in (ln_weight, ln_bias) if t is not None]
     return (
-        input.dim() >= 1
+        isinstance(eps, numbers.Real)
+        and plain(input, *norm_params)
         and input.shape[-1] == size
-        and all(t is None or tuple(t.shape) == (size,) for t in (ln_weight, ln_bias))
-        and weight.dim() == 2
-        and weight.shape[1] == size
-        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
+        and all(t.dtype == input.dtype and t.device == input.device for t in norm_params)
+        and all(tuple(t.shape) == (size,) for t in norm_params)
     )
 
 
@@ -87,15 +82,7 @@ def _check(input, normalized_shape, weight, bias, op: str) -> None:
         input.dim() >= 1 and input.shape[-1] == size,
         lambda: f"fxfuse::{op}: expected an input whose last dimension is {size}, got shape {tuple(input.shape)}",
     )
-    torch._check(
-        weight.dim() == 2 and weight.shape[1] == size,
-        lambda: f"fxfuse::{op}: expected a 2-D weight of shape (out_features, {size}), got {tuple(weight.shape)}",
-    )
-    if bias is not None:
-        torch._check(
-            bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-            lambda: f"fxfuse::{op}: expected a bias of shape [{weight.shape[0]}], got {tuple(bias.shape)}",
-        )
+    check_linear(input, weight, bias, op)
 
 
 def _fake(input, normalized_shape, ln_weight, ln_bias, eps, weight, bias):

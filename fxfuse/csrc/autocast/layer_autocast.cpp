@@ -67,7 +67,7 @@ at::Tensor act_linear_autocast(
   c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
   const auto dt = at::autocast::get_autocast_dtype(device_type);
   auto cast = [dt](const auto& t) { return at::autocast::cached_cast(dt, t, device_type); };
-  if (cast(input).scalar_type() != input.scalar_type()) {
+  if (at::autocast::is_eligible(input, device_type) && input.scalar_type() != dt) {  // cached_cast's rule
     return at::linear(
         cast(act_forward(input, parse_act(act), act_param)), cast(weight), cast(bias));
   }

@@ -49,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> act_linear_scale_back
     double act_param, std::array<bool, 4> output_mask) {
   check_args(input, weight, bias, scale, "act_linear_scale_backward");
   const Act a = parse_act(act);
-  const bool has_bias = bias.has_value() && bias->defined();
+  const bool has_bias = checks::given(bias);
   at::Tensor grad_input, grad_weight, grad_bias, grad_scale;
   const at::Tensor g2 = grad_out.reshape({-1, weight.size(0)});
   at::Tensor column_sum;

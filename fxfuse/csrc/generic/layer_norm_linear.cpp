@@ -20,11 +20,12 @@
 #include <array>
 #include <tuple>
 
+#include "../checks.h"
+
 namespace fxfuse {
 namespace {
 
-bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
+// A layer norm over the input's last dimension, then F.linear's operands (checks::linear_args).
 void check_args(
     const at::Tensor& input, at::IntArrayRef normalized_shape, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const char* op) {
@@ -36,16 +37,7 @@ void check_args(
       input.dim() >= 1 && input.size(-1) == normalized_shape[0], "fxfuse::", op,
       ": expected an input whose last dimension is normalized_shape[0] = ", normalized_shape[0],
       ", got input of shape ", input.sizes());
-  TORCH_CHECK(
-      weight.dim() == 2 && weight.size(1) == normalized_shape[0], "fxfuse::", op,
-      ": expected a 2-D weight of shape (out_features, ", normalized_shape[0], "), got shape ",
-      weight.sizes());
-  if (has(bias)) {
-    TORCH_CHECK(
-        bias->dim() == 1 && bias->size(0) == weight.size(0), "fxfuse::", op,
-        ": expected a bias of shape [", weight.size(0), "] (out_features), got shape ",
-        bias->sizes());
-  }
+  checks::linear_args(input, weight, bias, op);
 }
 
 }  // namespace
@@ -66,10 +58,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
     double eps, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     std::array<bool, 5> output_mask) {
   check_args(input, normalized_shape, weight, bias, "layer_norm_linear_backward");
-  const bool ln_grads = output_mask[0] || (output_mask[1] && has(ln_weight)) ||
-      (output_mask[2] && has(ln_bias));
+  const bool ln_grads = output_mask[0] || (output_mask[1] && checks::given(ln_weight)) ||
+      (output_mask[2] && checks::given(ln_bias));
   const bool weight_grad = output_mask[3];
-  const bool bias_grad = output_mask[4] && has(bias);
+  const bool bias_grad = output_mask[4] && checks::given(bias);
   at::Tensor grad_input, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias;
   if (!(ln_grads || weight_grad || bias_grad)) {
     return {grad_input, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias};
@@ -86,7 +78,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
     y.reset();  // free the recomputed output before the layer norm's backward allocates
     std::tie(grad_input, grad_ln_weight, grad_ln_bias) = at::native_layer_norm_backward(
         at::matmul(grad_out, weight), input, normalized_shape, mean, rstd, ln_weight, ln_bias,
-        {output_mask[0], output_mask[1] && has(ln_weight), output_mask[2] && has(ln_bias)});
+        {output_mask[0], output_mask[1] && checks::given(ln_weight),
+         output_mask[2] && checks::given(ln_bias)});
   }
   return {grad_input, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias};
 }

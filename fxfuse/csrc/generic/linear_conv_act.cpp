@@ -25,8 +25,6 @@
 namespace fxfuse {
 namespace {
 
-bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
 at::Tensor conv(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
@@ -62,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_act_backward(
     std::array<bool, 3> output_mask) {
   checks::linear_args(input, weight, bias, "linear_act_backward");
   const Act a = parse_act(act);
-  const bool has_bias = has(bias);
+  const bool has_bias = checks::given(bias);
   if (!(output_mask[0] || output_mask[1] || (output_mask[2] && has_bias))) return {};
   // Gradient w.r.t. the pre-activation y = linear(input), recomputed here: the
   // one activation the forward did not keep.
@@ -98,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(
     std::array<bool, 3> output_mask) {
   checks::linear_args(input, weight, bias, "act_linear_backward");
   const Act a = parse_act(act);
-  const bool has_bias = has(bias);
+  const bool has_bias = checks::given(bias);
   at::Tensor grad_input, grad_weight, grad_bias;
   if (output_mask[1] || (output_mask[2] && has_bias)) {
     const at::Tensor g2 = grad_out.reshape({-1, weight.size(0)});
@@ -129,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_act_backward(
     std::array<bool, 3> output_mask) {
   check_conv_args(input, weight, "conv_act_backward");
   const Act a = parse_act(act);
-  const bool has_bias = has(bias);
+  const bool has_bias = checks::given(bias);
   if (!(output_mask[0] || output_mask[1] || (output_mask[2] && has_bias))) return {};
   // Recompute the conv output: the one activation this op did not keep.
   const at::Tensor grad_y = a == Act::None

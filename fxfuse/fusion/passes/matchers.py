@@ -178,12 +178,13 @@ _METADATA_ATTRIBUTES = ("ndim", "shape", "dtype", "device")
 _METADATA_METHODS = ("size", "dim")
 
 
-def reads_only_metadata(user: fx.Node, node: fx.Node) -> bool:
-    """Whether `user` reads nothing of `node` but its rank, shape, dtype or device."""
+def reads_only_metadata(user: fx.Node, node: fx.Node, attributes: tuple[str, ...] = _METADATA_ATTRIBUTES) -> bool:
+    """Whether `user` reads nothing of `node` but its rank, shape, dtype or device (or, with
+    `attributes`, only those of these attributes; `.size()` and `.dim()` always count)."""
     if user.kwargs or not user.args or user.args[0] is not node or node in user.args[1:]:
         return False
     if user.op == "call_function" and user.target is getattr:
-        return len(user.args) == 2 and user.args[1] in _METADATA_ATTRIBUTES
+        return len(user.args) == 2 and user.args[1] in attributes
     return user.op == "call_method" and user.target in _METADATA_METHODS
 
 

@@ -30,7 +30,7 @@ from . import estimates
 from .calls import as_linear, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
-from .matchers import first_input, has_hooks, site_name
+from .matchers import first_input, has_hooks, reads_only_metadata, site_name
 
 _LAYER_NORM_SIGNATURE = inspect.signature(F.layer_norm)
 
@@ -66,16 +66,6 @@ def _as_layer_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[dict[str, 
     return None, None
 
 
-def _reads_only_shape(user: fx.Node, node: fx.Node) -> bool:
-    """`user` reads `node`'s shape or rank alone (not its dtype: under autocast the layer norm's
-    output is float32 where its input may not be)."""
-    if user.kwargs or not user.args or user.args[0] is not node or node in user.args[1:]:
-        return False
-    if user.op == "call_function" and user.target is getattr:
-        return len(user.args) == 2 and user.args[1] in ("shape", "ndim")
-    return user.op == "call_method" and user.target in ("size", "dim")
-
-
 def _module_params(ctx: PassContext, path: str, module: nn.Module) -> dict[str, Any]:
     return {
         name: ctx.get_attr(f"{path}.{name}") if getattr(module, name) is not None else None
@@ -88,7 +78,9 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     if norm is None and problem is None:
         return None
     source = norm["input"] if norm is not None and "module" not in norm else first_input(node)
-    shape_users = [u for u in node.users if _reads_only_shape(u, node)]
+    # Reads of its shape or rank go to its input; not of its dtype: under autocast the layer norm's
+    # output is float32 where its input may not be.
+    shape_users = [u for u in node.users if reads_only_metadata(u, node, attributes=("shape", "ndim"))]
     others = [u for u in node.users if u not in shape_users]
     if not isinstance(source, fx.Node) or len(others) != 1:
         return None
