@@ -21,7 +21,13 @@ from fxfuse import _extension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-OP_TESTS = ["test_cpu_kernels.py", "test_gelu_ops.py", "test_bn_act_elementwise.py", "test_bn_bitwise.py"]
+OP_TESTS = [
+    "test_cpu_kernels.py",
+    "test_gelu_ops.py",
+    "test_bn_act_elementwise.py",
+    "test_bn_bitwise.py",
+    "test_conv2d.py",
+]
 CAPABILITIES = ["default", "avx2", "avx512"]
 
 pytestmark = [

@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "bn_act.h"
+#include "conv_ops.h"
 
 namespace fxfuse::dispatch {
 
@@ -125,6 +126,25 @@ inline at::Tensor act_linear(
     c10::string_view act, double act_param) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::act_linear", "");
   return linear_family(op, input, weight, bias, act, act_param);
+}
+
+inline at::Tensor conv2d(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fxfuse::conv2d", "")
+                       .typed<decltype(conv2d_generic)>();
+  return op.call(input, weight, bias, stride, padding, dilation, groups);
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> output_mask) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fxfuse::conv2d_backward", "")
+                       .typed<decltype(conv2d_backward_generic)>();
+  return op.call(grad_out, input, weight, bias, stride, padding, dilation, groups, output_mask);
 }
 
 }  // namespace fxfuse::dispatch

@@ -137,6 +137,17 @@ TORCH_LIBRARY(fxfuse, m) {
       "conv_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
       "int[2] stride, int[2] padding, int[2] dilation, int groups, str act, float act_param, "
       "bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  // F.conv2d(input, weight, bias, stride, padding, dilation, groups), whose backward is
+  // conv2d_backward: the gradients as aten::convolution_backward gives them, the backward of
+  // every fxfuse op holding a conv. On CPU a large-kernel depthwise conv's weight and bias
+  // gradients come from fxfuse's own kernel.
+  m.def(
+      "conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups) -> Tensor");
+  m.def(
+      "conv2d_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "int[2] stride, int[2] padding, int[2] dilation, int groups, bool[3] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }
 
 // The device-generic kernels, and the host build of the CUDA kernels' per-element math

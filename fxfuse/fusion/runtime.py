@@ -128,6 +128,12 @@ def conv_act_module(x: Tensor, conv: nn.Conv2d, act: str, act_param: float) -> T
     return ops.conv_act(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, act, act_param)
 
 
+def conv2d_module(x: Tensor, conv: nn.Conv2d) -> Tensor:
+    """`conv(x)`, with fxfuse's conv backward (ops.conv2d)."""
+    x, padding = _conv_input(x, conv)
+    return ops.conv2d(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
+
+
 def linear_act_module(x: Tensor, linear: nn.Linear, act: str, act_param: float) -> Tensor:
     """`act(linear(x))`, keeping only `x` for backward."""
     return ops.linear_act(x, linear.weight, linear.bias, act, act_param)

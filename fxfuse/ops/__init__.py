@@ -1,6 +1,6 @@
 """fxfuse's C++ operators as Python functions, one module per op family.
 
-Each family module (`batch_norm`, `conv_batch_norm`, `batch_norm_conv`,
+Each family module (`batch_norm`, `convolution`, `conv_batch_norm`, `batch_norm_conv`,
 `layer_activation`, `norm_linear`, `gelu_activation`) holds its wrappers with eager semantics and eager fallback, its
 fake kernels and its autograd formulas; `checks` holds what they share. Importing
 this package loads fxfuse._C (which defines the schemas and the CPU and
@@ -15,6 +15,7 @@ from . import (
     batch_norm_conv,
     compiled,
     conv_batch_norm,
+    convolution,
     flops,
     gelu_activation,
     layer_activation,
@@ -24,12 +25,22 @@ from .batch_norm import batch_norm_act
 from .batch_norm_conv import bn_act_conv
 from .checks import ACTIVATIONS
 from .conv_batch_norm import conv_bn_act
+from .convolution import conv2d
 from .gelu_activation import gelu
 from .layer_activation import act_linear, act_linear_scale, conv_act, linear_act
 from .norm_linear import layer_norm_linear
 
 if _extension.loaded():
-    for _family in (batch_norm, batch_norm_conv, conv_batch_norm, gelu_activation, layer_activation, norm_linear):
+    _FAMILIES = (
+        batch_norm,
+        batch_norm_conv,
+        conv_batch_norm,
+        convolution,
+        gelu_activation,
+        layer_activation,
+        norm_linear,
+    )
+    for _family in _FAMILIES:
         _family.register()
     flops.register()
 
@@ -40,6 +51,7 @@ __all__ = [
     "batch_norm_act",
     "bn_act_conv",
     "compiled",
+    "conv2d",
     "conv_act",
     "conv_bn_act",
     "gelu",

@@ -75,6 +75,11 @@ def _conv_act_backward(grad_out_shape, input_shape, weight_shape, *args, **kwarg
     return recompute + _conv_gradients(grad_out_shape, input_shape, weight_shape, mask[0], mask[1])
 
 
+def _conv2d_backward(grad_out_shape, input_shape, weight_shape, *args, **kwargs) -> int:
+    mask = args[-1]
+    return _conv_gradients(grad_out_shape, input_shape, weight_shape, mask[0], mask[1])
+
+
 def _conv_bn_act_forward(input_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
     return _conv(input_shape, weight_shape, out_shape[0])
 
@@ -110,6 +115,8 @@ def register() -> None:
         fxfuse.act_linear_scale_backward: _act_linear_scale_backward,
         fxfuse.layer_norm_linear: _layer_norm_linear_forward,
         fxfuse.layer_norm_linear_backward: _layer_norm_linear_backward,
+        fxfuse.conv2d: _conv_act_forward,
+        fxfuse.conv2d_backward: _conv2d_backward,
         fxfuse.conv_act: _conv_act_forward,
         fxfuse.conv_act_backward: _conv_act_backward,
         fxfuse.conv_bn_act: _conv_bn_act_forward,

@@ -46,6 +46,16 @@ at::Tensor conv_act_autocast(
 }
 
 template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
+at::Tensor conv2d_autocast(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  const auto dt = at::autocast::get_autocast_dtype(device_type);
+  auto cast = [dt](const auto& t) { return at::autocast::cached_cast(dt, t, device_type); };
+  return dispatch::conv2d(cast(input), cast(weight), cast(bias), stride, padding, dilation, groups);
+}
+
+template <c10::DispatchKey autocast_key, c10::DeviceType device_type>
 at::Tensor linear_act_autocast(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     c10::string_view act, double act_param) {
@@ -99,6 +109,7 @@ at::Tensor act_linear_scale_autocast(
   TORCH_LIBRARY_IMPL(fxfuse, KEY, m) {                                                          \
     m.impl("conv_bn_act", TORCH_FN((conv_bn_act_autocast<c10::DispatchKey::KEY, DEVICE>)));    \
     m.impl("conv_act", TORCH_FN((conv_act_autocast<c10::DispatchKey::KEY, DEVICE>)));          \
+    m.impl("conv2d", TORCH_FN((conv2d_autocast<c10::DispatchKey::KEY, DEVICE>)));              \
     m.impl("linear_act", TORCH_FN((linear_act_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
     m.impl("act_linear", TORCH_FN((act_linear_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
     m.impl("layer_norm_linear", TORCH_FN(layer_norm_linear_autocast));                          \

@@ -12,7 +12,6 @@
 // Built from ATen calls plus fxfuse's own ops, like conv_bn_act, so it runs on every
 // device and picks the hand-written BN kernels where a device has them.
 #include <ATen/ops/convolution.h>
-#include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -95,13 +94,9 @@ bn_act_conv_backward(
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             grad_bn_weight, grad_bn_bias};
   }
-  const bool has_bias = bias.has_value() && bias->defined();
-  std::vector<int64_t> bias_sizes;
-  if (has_bias) bias_sizes = bias->sizes().vec();
-  auto [grad_x, grad_weight, grad_bias] = at::convolution_backward(
-      grad_y, x, weight, has_bias ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
-      stride, padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups,
-      {need_prologue, output_mask[3], output_mask[4] && has_bias});
+  auto [grad_x, grad_weight, grad_bias] = dispatch::conv2d_backward(
+      grad_y, x, weight, bias, stride, padding, dilation, groups,
+      {need_prologue, output_mask[3], output_mask[4]});
   x.reset();
   grad_y.reset();
   at::Tensor grad_input, grad_in_weight, grad_in_bias;

@@ -7,7 +7,6 @@
 // Built from ATen calls plus fxfuse's own ops, so it runs on every device and
 // picks the hand-written kernels where a device has them.
 #include <ATen/ops/convolution.h>
-#include <ATen/ops/convolution_backward.h>
 #include <torch/library.h>
 
 #include "../bn_act.h"
@@ -59,14 +58,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_a
       grad_out, y, mean, var, bn_weight, bn_bias, eps, act, act_param, batch_stats,
       {output_mask[3], output_mask[4]});
   const at::Tensor& grad_y = y;  // bn_act_backward_ wrote grad_y over y
-  const bool has_bias = bias.has_value() && bias->defined();
-  std::vector<int64_t> bias_sizes;
-  if (has_bias) bias_sizes = bias->sizes().vec();
-  auto [grad_input, grad_weight, grad_bias] = at::convolution_backward(
-      grad_y, input, weight,
-      has_bias ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride,
-      padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups,
-      {output_mask[0], output_mask[1], output_mask[2] && has_bias});
+  auto [grad_input, grad_weight, grad_bias] = dispatch::conv2d_backward(
+      grad_y, input, weight, bias, stride, padding, dilation, groups,
+      {output_mask[0], output_mask[1], output_mask[2]});
   return {grad_input, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias};
 }
 

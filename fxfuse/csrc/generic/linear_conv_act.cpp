@@ -11,7 +11,6 @@
 // output (no second wide buffer). The result has the layer output's layout
 // (at::convolution's: channels_last in, channels_last out).
 #include <ATen/ops/convolution.h>
-#include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
@@ -21,6 +20,7 @@
 
 #include "../activation_ops.h"
 #include "../checks.h"
+#include "../dispatch.h"
 
 namespace fxfuse {
 namespace {
@@ -134,13 +134,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_act_backward(
       ? grad_out
       : act_backward(
             grad_out, conv(input, weight, bias, stride, padding, dilation, groups), a, act_param);
-  std::vector<int64_t> bias_sizes;
-  if (has_bias) bias_sizes = bias->sizes().vec();
-  return at::convolution_backward(
-      grad_y, input, weight,
-      has_bias ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride,
-      padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups,
-      {output_mask[0], output_mask[1], output_mask[2] && has_bias});
+  return dispatch::conv2d_backward(
+      grad_y, input, weight, bias, stride, padding, dilation, groups, output_mask);
 }
 
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {

@@ -8,7 +8,8 @@ that an MLP's activation is merged into the Linear after it (no matmul recompute
 than recomputed with the Linear before it (same bytes kept); `norm_linear` merges a
 LayerNorm into the Linear after it, `layer_scale` a per-feature scale (LayerScale) into the
 Linear before it. `bn_act_conv` merges a rewritten BN→activation
-site into the conv after it (crediting the BN site's report entry); `inplace_add`
+site into the conv after it (crediting the BN site's report entry); `depthwise_conv` then gives the large-kernel
+depthwise convs left over fxfuse's conv backward (time, not memory); `inplace_add`
 rewrites through `replace_chain` too, but reports no sites (it saves an allocation,
 not memory).
 """
@@ -20,6 +21,7 @@ from . import (
     bn_act,
     bn_act_conv,
     conv_bn_act,
+    depthwise_conv,
     gelu,
     inplace_add,
     layer_scale,
@@ -37,6 +39,7 @@ PASSES = (
     layer_scale.PASS,
     gelu.PASS,
     bn_act_conv.run,
+    depthwise_conv.PASS,
     inplace_add.run,
 )
 

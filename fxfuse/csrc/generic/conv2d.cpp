@@ -1,0 +1,43 @@
+// Device-generic conv2d / conv2d_backward: ATen's convolution and convolution_backward.
+// Registered as CompositeExplicitAutograd, so they serve CUDA and every other device, and on
+// CPU conv2d_backward is the path cpu/conv2d_backward.cpp falls back to for convolutions its
+// kernel does not take.
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../checks.h"
+#include "../conv_ops.h"
+
+namespace fxfuse {
+
+at::Tensor conv2d_generic(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  return at::convolution(
+      input, weight, bias, stride, padding, dilation, /*transposed=*/false,
+      /*output_padding=*/{0, 0}, groups);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_generic(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> output_mask) {
+  const bool has_bias = checks::given(bias);
+  std::vector<int64_t> bias_sizes;
+  if (has_bias) bias_sizes = bias->sizes().vec();
+  return at::convolution_backward(
+      grad_out, input, weight,
+      has_bias ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride,
+      padding, dilation, /*transposed=*/false, /*output_padding=*/{0, 0}, groups,
+      {output_mask[0], output_mask[1], output_mask[2] && has_bias});
+}
+
+TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
+  m.impl("conv2d", &conv2d_generic);
+  m.impl("conv2d_backward", &conv2d_backward_generic);
+}
+
+}  // namespace fxfuse

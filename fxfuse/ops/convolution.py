@@ -1,0 +1,86 @@
+"""`conv2d`: F.conv2d whose backward is fxfuse's (`fxfuse::conv2d` / `fxfuse::conv2d_backward`).
+
+The forward is ATen's convolution, bit for bit, and autograd keeps what eager keeps (input,
+weight). The backward is `fxfuse::conv2d_backward`, which every fxfuse op holding a conv runs
+too: ATen's convolution_backward, except that on CPU the weight and bias gradients of a
+depthwise convolution with a kernel of 5×5 or more (float32; any depthwise kernel in float64)
+come from fxfuse's own kernel. oneDNN, which eager runs there, computes that weight gradient
+5–20× slower than the input gradient of the same FLOPs (ConvNeXt's 7×7 depthwise convs:
+a quarter of its CPU training step). fxfuse's kernel sums in float32 too, in a different
+order: its error against a float64 run is below eager's (tests/test_conv2d.py).
+
+Calls the op cannot serve exactly (tensor subclasses, shapes or arguments F.conv2d rejects,
+padding="same" with a stride, ...) run F.conv2d, which raises eager's errors; under
+torch.autocast the op's Autocast kernel casts as eager autocast casts F.conv2d.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import compiled
+from .checks import IntPair, conv_backward_meta, conv_geometry, conv_meta, layer_kernels_apply, plain
+
+__all__ = ["conv2d"]
+
+
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: IntPair = 1,
+    padding: Union[IntPair, str] = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+) -> Tensor:
+    """`F.conv2d(input, weight, bias, stride, padding, dilation, groups)` with fxfuse's backward."""
+    geometry = None
+    if (
+        plain(input, weight, bias)
+        and layer_kernels_apply(input, (weight, bias))
+        and weight.dim() == 4
+        and type(groups) is int
+        and groups > 0
+        and input.shape[1] == weight.shape[1] * groups
+        and weight.shape[0] % groups == 0
+        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
+    ):
+        geometry = conv_geometry(input, weight, stride, padding, dilation)
+    if geometry is None or compiled.applies(geometry[0]):  # compositions: inductor's own convolution
+        return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    input, stride, padding, dilation, _ = geometry
+    return torch.ops.fxfuse.conv2d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def _conv2d_fake(input, weight, bias, stride, padding, dilation, groups):
+    return conv_meta(input, weight, bias, stride, padding, dilation, groups)
+
+
+def _conv2d_backward_fake(grad_out, input, weight, bias, stride, padding, dilation, groups, output_mask):
+    return conv_backward_meta(input, weight, bias, stride, padding, dilation, groups, output_mask)
+
+
+def _setup(ctx, inputs, output):
+    input, weight, bias, stride, padding, dilation, groups = inputs
+    ctx.save_for_backward(input, weight, bias)
+    ctx.config = (stride, padding, dilation, groups)
+
+
+def _backward(ctx, grad_out):
+    input, weight, bias = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.conv2d_backward(
+        grad_out, input, weight, bias, *ctx.config, [need[0], need[1], need[2]]
+    )
+    return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+def register() -> None:
+    """Fake kernels and autograd of conv2d (fxfuse._C defines the ops)."""
+    torch.library.register_fake("fxfuse::conv2d", _conv2d_fake)
+    torch.library.register_fake("fxfuse::conv2d_backward", _conv2d_backward_fake)
+    torch.library.register_autograd("fxfuse::conv2d", _backward, setup_context=_setup)
