@@ -129,6 +129,19 @@ TORCH_LIBRARY(fxfuse, m) {
       "Tensor? ln_weight, Tensor? ln_bias, float eps, Tensor weight, Tensor? bias, "
       "bool[5] output_mask) -> (Tensor grad_input, Tensor grad_ln_weight, Tensor grad_ln_bias, "
       "Tensor grad_weight, Tensor grad_bias)");
+  // F.linear(F.layer_norm(F.conv2d(input, ...).permute(0, 2, 3, 1), ...), weight, bias) that
+  // keeps only the conv's input and the parameters (the conv runs again in backward).
+  m.def(
+      "conv_layer_norm_linear(Tensor input, Tensor conv_weight, Tensor? conv_bias, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups, int[] normalized_shape, Tensor? ln_weight, "
+      "Tensor? ln_bias, float eps, Tensor weight, Tensor? bias) -> Tensor");
+  m.def(
+      "conv_layer_norm_linear_backward(Tensor grad_out, Tensor input, Tensor conv_weight, "
+      "Tensor? conv_bias, int[2] stride, int[2] padding, int[2] dilation, int groups, "
+      "int[] normalized_shape, Tensor? ln_weight, Tensor? ln_bias, float eps, Tensor weight, "
+      "Tensor? bias, bool[7] output_mask) -> (Tensor grad_input, Tensor grad_conv_weight, "
+      "Tensor grad_conv_bias, Tensor grad_ln_weight, Tensor grad_ln_bias, Tensor grad_weight, "
+      "Tensor grad_bias)");
   // act(F.conv2d(input, weight, bias, ...)) that keeps only input, weight and bias.
   m.def(
       "conv_act(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "

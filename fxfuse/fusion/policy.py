@@ -47,7 +47,9 @@ from .region_costs import Profile
 from .report import FusedSite, FusionReport, RegionChoice, SkippedSite, format_bytes, format_flops
 from .tracing import first_line
 
-RECOMPUTE_OPS = frozenset({"fxfuse::conv_bn_act", "fxfuse::linear_act", "fxfuse::conv_act"})
+RECOMPUTE_OPS = frozenset(
+    {"fxfuse::conv_bn_act", "fxfuse::linear_act", "fxfuse::conv_act", "fxfuse::conv_layer_norm_linear"}
+)
 
 # mode="auto" takes an upgrade when one backward recompute costs at most this many FLOPs
 # per byte it frees. 64 FLOP/B in float32 is a 1×1 conv with 128 input channels per group,

@@ -15,6 +15,7 @@ from . import (
     batch_norm_conv,
     compiled,
     conv_batch_norm,
+    conv_norm_linear,
     convolution,
     flops,
     gelu_activation,
@@ -25,6 +26,7 @@ from .batch_norm import batch_norm_act
 from .batch_norm_conv import bn_act_conv
 from .checks import ACTIVATIONS
 from .conv_batch_norm import conv_bn_act
+from .conv_norm_linear import conv_layer_norm_linear
 from .convolution import conv2d
 from .gelu_activation import gelu
 from .layer_activation import act_linear, act_linear_scale, conv_act, linear_act
@@ -35,6 +37,7 @@ if _extension.loaded():
         batch_norm,
         batch_norm_conv,
         conv_batch_norm,
+        conv_norm_linear,
         convolution,
         gelu_activation,
         layer_activation,
@@ -54,6 +57,7 @@ __all__ = [
     "conv2d",
     "conv_act",
     "conv_bn_act",
+    "conv_layer_norm_linear",
     "gelu",
     "layer_norm_linear",
     "linear_act",

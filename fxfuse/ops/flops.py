@@ -65,6 +65,23 @@ def _layer_norm_linear_backward(grad_out_shape, input_shape, shape, ln_w, ln_b, 
     return _matmul(input_shape, weight_shape) * (any(mask[:3]) + bool(mask[3]))
 
 
+def _conv_layer_norm_linear_forward(input_shape, conv_weight_shape, *args, out_shape=None, **kwargs) -> int:
+    weight_shape = args[9]  # after conv_bias, stride, padding, dilation, groups, shape, ln_weight, ln_bias, eps
+    conv_out = [*out_shape[:1], conv_weight_shape[0], *out_shape[1:3]]
+    return _conv(input_shape, conv_weight_shape, conv_out) + _matmul([*out_shape[:-1], weight_shape[1]], weight_shape)
+
+
+def _conv_layer_norm_linear_backward(grad_out_shape, input_shape, conv_weight_shape, *args, **kwargs) -> int:
+    weight_shape, mask = args[10], args[-1]
+    conv_out = [*grad_out_shape[:1], conv_weight_shape[0], *grad_out_shape[1:3]]
+    linear_in = [*grad_out_shape[:-1], weight_shape[1]]
+    need_conv = mask[0] or mask[1] or mask[2]
+    # The recomputed conv, the linear's gradients (its input's when anything before it needs one), the conv's.
+    flops = _conv(input_shape, conv_weight_shape, conv_out)
+    flops += _matmul(linear_in, weight_shape) * ((need_conv or mask[3] or mask[4]) + bool(mask[5]))
+    return flops + _conv_gradients(conv_out, input_shape, conv_weight_shape, mask[0], mask[1])
+
+
 def _conv_act_forward(input_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
     return _conv(input_shape, weight_shape, out_shape)
 
@@ -115,6 +132,8 @@ def register() -> None:
         fxfuse.act_linear_scale_backward: _act_linear_scale_backward,
         fxfuse.layer_norm_linear: _layer_norm_linear_forward,
         fxfuse.layer_norm_linear_backward: _layer_norm_linear_backward,
+        fxfuse.conv_layer_norm_linear: _conv_layer_norm_linear_forward,
+        fxfuse.conv_layer_norm_linear_backward: _conv_layer_norm_linear_backward,
         fxfuse.conv2d: _conv_act_forward,
         fxfuse.conv2d_backward: _conv2d_backward,
         fxfuse.conv_act: _conv_act_forward,

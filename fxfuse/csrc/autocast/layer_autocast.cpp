@@ -9,6 +9,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
+#include <ATen/ops/conv2d.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/linear.h>
 
@@ -94,6 +95,18 @@ at::Tensor layer_norm_linear_autocast(
   return at::linear(at::layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias);
 }
 
+// The same for a conv in front: eager's composition, dispatched through autocast again.
+at::Tensor conv_layer_norm_linear_autocast(
+    const at::Tensor& input, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& ln_weight,
+    const std::optional<at::Tensor>& ln_bias, double eps, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias) {
+  const at::Tensor z =
+      at::conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups).permute({0, 2, 3, 1});
+  return at::linear(at::layer_norm(z, normalized_shape, ln_weight, ln_bias, eps), weight, bias);
+}
+
 // Eager multiplies act_linear's autocast output by the scale outside any autocast list (type
 // promotion: a float32 scale gives a float32 result), so under autocast the op is that
 // composition, with act_linear dispatched through autocast again.
@@ -113,6 +126,7 @@ at::Tensor act_linear_scale_autocast(
     m.impl("linear_act", TORCH_FN((linear_act_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
     m.impl("act_linear", TORCH_FN((act_linear_autocast<c10::DispatchKey::KEY, DEVICE>)));      \
     m.impl("layer_norm_linear", TORCH_FN(layer_norm_linear_autocast));                          \
+    m.impl("conv_layer_norm_linear", TORCH_FN(conv_layer_norm_linear_autocast));                \
     m.impl("act_linear_scale", TORCH_FN(act_linear_scale_autocast));                            \
   }
 

@@ -8,15 +8,16 @@
 // same FLOPs (ConvNeXt-T's 7x7 depthwise convolutions: ~11 ms against ~1 ms per call on two
 // threads), a quarter of ConvNeXt's training step on CPU.
 //
-// How: the channels are cut into blocks of two vectors (then one vector, then scalar lanes),
-// contiguous in channels_last memory. For one block, one output row (n, oh) and one kernel row
-// kh, the KW products of every output pixel of the row are summed into KW x 2 registers
-// (the kernel width is a compile-time constant for 3, 5 and 7), which are then added to the
-// block's accumulator: partial sums of one output row each, so the float32 rounding error
-// grows with the number of rows, not of pixels. The batch is cut into at most kMaxSplits
-// image ranges, each summed on its own, and the ranges are added in order at the end: work
-// items are (block, range) pairs, so small-channel layers still use every thread, and the
-// result is the same for any thread count.
+// How: the output rows (n, oh) are cut into at most kRanges ranges of consecutive rows, one
+// work item each, summed into a C x KH x KW buffer of their own. Within a range, for each
+// output row, each kernel row kh (input row ih) and each block of channels (contiguous in
+// channels_last memory: two or four vectors, then one, then scalar lanes), the KW products of
+// every output pixel of the row are summed into registers (the kernel width is a compile-time
+// constant for 3, 5 and 7), which are then added to the buffer: partial sums of one output
+// row each, so the float32 rounding error grows with the number of rows, not of pixels. All
+// channels of a row are done while its input rows are in cache, so the tensors stream from
+// memory once. The buffers are added in order at the end: the result is the same for any
+// thread count.
 #pragma once
 
 #ifndef CPU_CAPABILITY
@@ -40,6 +41,7 @@ using at::vec::Vectorized;
 
 // The output rows (n, oh) are cut into at most kRanges ranges of consecutive rows, each
 // summed into a buffer of its own by one thread; the buffers are added in order at the end.
+// Fixed, so that the result does not depend on the thread count (which it caps at 16).
 constexpr int64_t kRanges = 16;
 
 // The output columns [lo, hi) whose KW taps all fall inside the input row.

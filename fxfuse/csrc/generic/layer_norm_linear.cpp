@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "../checks.h"
+#include "../norm_ops.h"
 
 namespace fxfuse {
 namespace {

@@ -6,7 +6,8 @@ records skipped sites with their reasons, applies the policy's selection, rewrit
 through `rewrite.replace_chain` and reports. `act_linear` runs before `linear_conv_act`, so
 that an MLP's activation is merged into the Linear after it (no matmul recomputed) rather
 than recomputed with the Linear before it (same bytes kept); `norm_linear` merges a
-LayerNorm into the Linear after it, `layer_scale` a per-feature scale (LayerScale) into the
+LayerNorm into the Linear after it (in mode="memory" `conv_norm_linear` first takes a conv
+→ LayerNorm → Linear, recomputing the conv), `layer_scale` a per-feature scale (LayerScale) into the
 Linear before it. `bn_act_conv` merges a rewritten BN→activation
 site into the conv after it (crediting the BN site's report entry); `depthwise_conv` then gives the large-kernel
 depthwise convs left over fxfuse's conv backward (time, not memory); `inplace_add`
@@ -21,6 +22,7 @@ from . import (
     bn_act,
     bn_act_conv,
     conv_bn_act,
+    conv_norm_linear,
     depthwise_conv,
     gelu,
     inplace_add,
@@ -35,6 +37,7 @@ PASSES = (
     bn_act.PASS,
     act_linear.PASS,
     linear_conv_act.PASS,
+    conv_norm_linear.PASS,
     norm_linear.PASS,
     layer_scale.PASS,
     gelu.PASS,

@@ -26,6 +26,7 @@ from .act_linear import passes_through
 from .calls import as_linear
 from .context import PassContext
 from .driver import FusionPass, Site
+from .matchers import permute_of
 
 _RESHAPES = ("reshape", "view")
 
@@ -57,21 +58,6 @@ def _is_scale(node, ctx: PassContext) -> bool:
         return False
 
 
-def _permute(node: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...]]]:
-    """(input, dims) of a permute with constant dims."""
-    if node.kwargs or len(node.args) < 2:
-        return None
-    if node.op == "call_function" and node.target is torch.permute and len(node.args) == 2:
-        dims = node.args[1]
-    elif node.op == "call_method" and node.target == "permute":
-        dims = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)) else node.args[1:]
-    else:
-        return None
-    if not all(type(d) is int for d in dims):
-        return None
-    return node.args[0], tuple(dims)
-
-
 def _layer(node: fx.Node, ctx: PassContext) -> Optional[tuple]:
     """(source, act, act_param, linear get_attr or target, modules between act and linear) of a
     Linear module call or an act_linear_module call; None for anything else."""
@@ -97,7 +83,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     if not isinstance(y, fx.Node) or len(y.users) != 1:
         return None
     chain, dims = [node], ()
-    permuted = _permute(y)
+    permuted = permute_of(y)
     if permuted is not None:
         chain.append(y)
         y, dims = permuted

@@ -235,3 +235,18 @@ __all__ = [
     "single_user",
     "site_name",
 ]
+
+
+def permute_of(node: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...]]]:
+    """(input, dims) of a permute with constant dims."""
+    if node.kwargs or len(node.args) < 2:
+        return None
+    if node.op == "call_function" and node.target is torch.permute and len(node.args) == 2:
+        dims = node.args[1]
+    elif node.op == "call_method" and node.target == "permute":
+        dims = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)) else node.args[1:]
+    else:
+        return None
+    if not all(type(d) is int for d in dims):
+        return None
+    return node.args[0], tuple(dims)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch.fx as fx
@@ -73,7 +74,43 @@ def _module_params(ctx: PassContext, path: str, module: nn.Module) -> dict[str, 
     }
 
 
-def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
+@dataclass
+class NormLinear:
+    """A layer norm → Linear match: its nodes, the layer norm's input, and the fused op's arguments."""
+
+    names: tuple[str, ...]
+    norm: fx.Node
+    linear: fx.Node
+    source: fx.Node  # the layer norm's input
+    shape_users: list  # reads of the layer norm output's shape, to redirect to `source`
+    problem: Optional[str]
+    _norm: Optional[dict] = None
+    _linear_args: Optional[dict] = None
+
+    def modules(self, ctx: PassContext) -> Optional[tuple[str, str]]:
+        """(norm path, linear path) when both are module calls."""
+        if "module" in self._norm and self.linear.op == "call_module":
+            return self.norm.target, self.linear.target
+        return None
+
+    def kwargs(self, ctx: PassContext) -> dict[str, Any]:
+        """ops.layer_norm_linear's arguments after the input (get_attr nodes inserted at the insertion point)."""
+        norm, args = self._norm, self._linear_args
+        if "module" in norm:
+            m = norm["module"]
+            ln_params = _module_params(ctx, self.norm.target, m)
+            ln = dict(normalized_shape=tuple(m.normalized_shape), eps=m.eps)
+        else:
+            ln_params = {"weight": norm["weight"], "bias": norm["bias"]}
+            ln = dict(normalized_shape=tuple(norm["normalized_shape"]), eps=float(norm["eps"]))
+        layer = _module_params(ctx, self.linear.target, ctx.modules[self.linear.target]) if not args else args
+        return dict(
+            ln, ln_weight=ln_params["weight"], ln_bias=ln_params["bias"], weight=layer["weight"], bias=layer["bias"]
+        )
+
+
+def norm_linear_at(node: fx.Node, ctx: PassContext) -> Optional[NormLinear]:
+    """The layer norm → Linear starting at `node`, or None."""
     norm, problem = _as_layer_norm(node, ctx)
     if norm is None and problem is None:
         return None
@@ -93,41 +130,38 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     if linear.op == "call_function" and (args.get("input") is not node or node in (args["weight"], args["bias"])):
         return None
     names = (site_name(node), site_name(linear))
+    return NormLinear(names, node, linear, source, shape_users, problem or linear_problem, norm, args)
+
+
+def redirect_shape_reads(match: NormLinear) -> None:
+    for user in match.shape_users:
+        user.replace_input_with(match.norm, match.source)
+
+
+def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
+    found = norm_linear_at(node, ctx)
+    if found is None:
+        return None
     pattern = pattern_name("layer_norm", "linear")
-    if problem or linear_problem:
-        return Site(names, pattern, problem or linear_problem)
-
-    def prepare():
-        for user in shape_users:
-            user.replace_input_with(node, source)
-
-    if "module" in norm and linear.op == "call_module":
+    if found.problem:
+        return Site(found.names, pattern, found.problem)
+    source, modules = found.source, found.modules(ctx)
+    if modules is not None:
 
         def build():
-            modules = (ctx.get_attr(node.target), ctx.get_attr(linear.target))
-            return ctx.graph.call_function(runtime.layer_norm_linear_module, (source, *modules))
+            attrs = tuple(ctx.get_attr(path) for path in modules)
+            return ctx.graph.call_function(runtime.layer_norm_linear_module, (source, *attrs))
     else:
 
         def build():
-            if "module" in norm:
-                m = norm["module"]
-                ln_params = _module_params(ctx, node.target, m)
-                ln = dict(normalized_shape=tuple(m.normalized_shape), eps=m.eps)
-            else:
-                ln_params = {"weight": norm["weight"], "bias": norm["bias"]}
-                ln = dict(normalized_shape=tuple(norm["normalized_shape"]), eps=float(norm["eps"]))
-            layer = _module_params(ctx, linear.target, ctx.modules[linear.target]) if not args else args
-            kwargs = dict(
-                ln, ln_weight=ln_params["weight"], ln_bias=ln_params["bias"], weight=layer["weight"], bias=layer["bias"]
-            )
-            return ctx.graph.call_function(ops.layer_norm_linear, (source,), kwargs)
+            return ctx.graph.call_function(ops.layer_norm_linear, (source,), found.kwargs(ctx))
 
     return Site(
-        names,
+        found.names,
         pattern,
-        chain=[node, linear],
+        chain=[node, found.linear],
         build=build,
-        prepare=prepare,
+        prepare=lambda: redirect_shape_reads(found),
         op="fxfuse::layer_norm_linear",
         saved_bytes=estimates.nbytes(ctx.shapes, node),
         recompute_flops=0 if ctx.shapes else None,

@@ -1,0 +1,124 @@
+"""`conv_layer_norm_linear`: `F.linear(F.layer_norm(F.conv2d(input, ...).permute(0, 2, 3, 1), ...),
+weight, bias)` that keeps only the conv's input and the parameters for backward.
+
+ConvNeXt's block starts depthwise conv → permute → LayerNorm → fc1. Eager keeps the conv input
+(for the conv's weight gradient), the conv output (the layer norm's input) and the layer norm's
+output (fc1's input). `layer_norm_linear` drops the last; this op drops the conv output too and
+runs the conv again in backward: for a 7×7 depthwise conv, 98 FLOPs per element of a tensor
+as wide as the model. Forward is eager's ATen calls, so the output is eager's bit for bit; the
+gradients are layer_norm_linear's (eager's bits) and the conv's through `fxfuse::conv2d_backward`.
+
+Calls the op cannot serve exactly (autocast, tensor subclasses, mixed dtypes or devices, shapes
+eager rejects) run the eager composition, which raises eager's errors.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import compiled
+from .checks import IntPair, conv_backward_meta, conv_geometry, conv_meta, layer_kernels_apply, plain
+from .norm_linear import _backward_fake as _norm_linear_backward_fake
+from .norm_linear import _fake as _norm_linear_fake
+from .norm_linear import _fusable as _norm_linear_fusable
+from .norm_linear import _last_dim, layer_norm_linear
+
+__all__ = ["conv_layer_norm_linear"]
+
+
+def _eager(input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w, b):
+    z = F.conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups).permute(0, 2, 3, 1)
+    return F.linear(F.layer_norm(z, shape, ln_w, ln_b, eps), w, b)
+
+
+def _conv_ok(input, conv_weight, conv_bias, groups) -> bool:
+    return (
+        plain(input, conv_weight, conv_bias)
+        and layer_kernels_apply(input, (conv_weight, conv_bias))
+        and input.dim() == 4
+        and conv_weight.dim() == 4
+        and type(groups) is int
+        and groups > 0
+        and input.shape[1] == conv_weight.shape[1] * groups
+        and conv_weight.shape[0] % groups == 0
+        and (conv_bias is None or tuple(conv_bias.shape) == (conv_weight.shape[0],))
+    )
+
+
+def conv_layer_norm_linear(
+    input: Tensor,
+    conv_weight: Tensor,
+    conv_bias: Optional[Tensor],
+    stride: IntPair,
+    padding: Union[IntPair, str],
+    dilation: IntPair,
+    groups: int,
+    normalized_shape: Sequence[int],
+    ln_weight: Optional[Tensor],
+    ln_bias: Optional[Tensor],
+    eps: float,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+) -> Tensor:
+    """The conv → permute → layer norm → linear above, keeping only `input` and the parameters."""
+    args = (input, conv_weight, conv_bias, stride, padding, dilation, groups)
+    ln_args = (normalized_shape, ln_weight, ln_bias, eps, weight, bias)
+    size = _last_dim(normalized_shape)
+    geometry = conv_geometry(input, conv_weight, stride, padding, dilation) if _conv_ok(*args[:3], groups) else None
+    # The layer norm's input as its checks see it: (N, OH, OW, out_channels), the conv's dtype and device.
+    z_like = None if geometry is None else input.new_empty((1, 1, 1, conv_weight.shape[0]))
+    if z_like is None or not _norm_linear_fusable(z_like, size, ln_weight, ln_bias, eps, weight, bias):
+        return _eager(*args, *ln_args)
+    input, stride, padding, dilation, _ = geometry
+    if compiled.applies(input):  # under torch.compile: the conv, then layer_norm_linear's composition
+        z = F.conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups).permute(0, 2, 3, 1)
+        return layer_norm_linear(z, [size], ln_weight, ln_bias, eps, weight, bias)
+    return torch.ops.fxfuse.conv_layer_norm_linear(
+        input, conv_weight, conv_bias, stride, padding, dilation, groups, [size], ln_weight, ln_bias, float(eps),
+        weight, bias,
+    )  # fmt: skip
+
+
+def _fake(input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w, b):
+    z = conv_meta(input, conv_weight, conv_bias, stride, padding, dilation, groups).permute(0, 2, 3, 1)
+    return _norm_linear_fake(z, shape, ln_w, ln_b, eps, w, b)
+
+
+def _backward_fake(grad_out, input, cw, cb, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w, b, mask):
+    z = conv_meta(input, cw, cb, stride, padding, dilation, groups).permute(0, 2, 3, 1)
+    conv_mask = [mask[0], mask[1], mask[2] and cb is not None]
+    grads = _norm_linear_backward_fake(grad_out, z, shape, ln_w, ln_b, eps, w, b, [any(conv_mask), *mask[3:]])
+    conv_grads = (None, None, None)
+    if any(conv_mask):
+        conv_grads = conv_backward_meta(input, cw, cb, stride, padding, dilation, groups, conv_mask)
+        conv_grads = tuple(g if wanted else None for g, wanted in zip(conv_grads, conv_mask))
+    return (*conv_grads, *grads[1:])
+
+
+def _setup(ctx, inputs, output):
+    input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w, b = inputs
+    ctx.save_for_backward(input, conv_weight, conv_bias, ln_w, ln_b, w, b)
+    ctx.config = (stride, padding, dilation, groups, shape, eps)
+
+
+def _bwd(ctx, grad_out):
+    input, conv_weight, conv_bias, ln_w, ln_b, w, b = ctx.saved_tensors
+    stride, padding, dilation, groups, shape, eps = ctx.config
+    need = ctx.needs_input_grad
+    grads = torch.ops.fxfuse.conv_layer_norm_linear_backward(
+        grad_out, input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w, b,
+        [need[0], need[1], need[2], need[8], need[9], need[11], need[12]],
+    )  # fmt: skip
+    gi, gcw, gcb, gln_w, gln_b, gw, gb = grads
+    return gi, gcw, gcb, None, None, None, None, None, gln_w, gln_b, None, gw, gb
+
+
+def register() -> None:
+    """Fake kernels and autograd of the op (fxfuse._C defines it)."""
+    torch.library.register_fake("fxfuse::conv_layer_norm_linear", _fake)
+    torch.library.register_fake("fxfuse::conv_layer_norm_linear_backward", _backward_fake)
+    torch.library.register_autograd("fxfuse::conv_layer_norm_linear", _bwd, setup_context=_setup)
