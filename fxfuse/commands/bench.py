@@ -10,6 +10,7 @@ import sys
 import torch
 
 from ..fusion import MODES
+from ..fusion.policy import RECOMPUTE_OPS
 from ..measure import bench
 from ._common import add_model_arguments, load_model, parse_dtype
 
@@ -154,9 +155,7 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     for name, report in reports.items():
         fused = len(report.fused)
-        recomputed = sum(
-            1 for s in report.fused if s.op in ("fxfuse::conv_bn_act", "fxfuse::linear_act", "fxfuse::conv_act")
-        )
+        recomputed = sum(1 for s in report.fused if s.op in RECOMPUTE_OPS)
         line = f"{name}: {fused} sites fused, {recomputed} recompute a conv/linear"
         if report.budget_met is not None:
             line += f"; budget {report.budget:g} {'met' if report.budget_met else 'NOT met'}"
