@@ -219,6 +219,26 @@ def layer_kernels_apply(
     return dtype is not None and bn_params_apply(dtype, input.device, bn_params)
 
 
+def fusable_conv_geometry(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, groups):
+    """conv_geometry's (input, stride, padding, dilation, out_hw) when a fused op computes
+    F.conv2d(input, weight, bias, stride, padding, dilation, groups) exactly as eager (autocast
+    included); None where F.conv2d must run (it raises eager's errors there)."""
+    if not (
+        plain(input, weight, bias)
+        and weight is not None
+        and layer_kernels_apply(input, (weight, bias))
+        and input.dim() == 4
+        and weight.dim() == 4
+        and type(groups) is int
+        and groups > 0
+        and input.shape[1] == weight.shape[1] * groups
+        and weight.shape[0] % groups == 0
+        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
+    ):
+        return None
+    return conv_geometry(input, weight, stride, padding, dilation)
+
+
 # --------------------------------------------------------------------------- linear layers
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .checks import IntPair, conv_backward_meta, conv_geometry, conv_meta, layer_kernels_apply, plain
+from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
 from .norm_linear import _backward_fake as _norm_linear_backward_fake
 from .norm_linear import _fake as _norm_linear_fake
 from .norm_linear import _fusable as _norm_linear_fusable
@@ -33,20 +33,6 @@ __all__ = ["conv_layer_norm_linear"]
 def _eager(input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w, b):
     z = F.conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups).permute(0, 2, 3, 1)
     return F.linear(F.layer_norm(z, shape, ln_w, ln_b, eps), w, b)
-
-
-def _conv_ok(input, conv_weight, conv_bias, groups) -> bool:
-    return (
-        plain(input, conv_weight, conv_bias)
-        and layer_kernels_apply(input, (conv_weight, conv_bias))
-        and input.dim() == 4
-        and conv_weight.dim() == 4
-        and type(groups) is int
-        and groups > 0
-        and input.shape[1] == conv_weight.shape[1] * groups
-        and conv_weight.shape[0] % groups == 0
-        and (conv_bias is None or tuple(conv_bias.shape) == (conv_weight.shape[0],))
-    )
 
 
 def conv_layer_norm_linear(
@@ -68,7 +54,7 @@ def conv_layer_norm_linear(
     args = (input, conv_weight, conv_bias, stride, padding, dilation, groups)
     ln_args = (normalized_shape, ln_weight, ln_bias, eps, weight, bias)
     size = _last_dim(normalized_shape)
-    geometry = conv_geometry(input, conv_weight, stride, padding, dilation) if _conv_ok(*args[:3], groups) else None
+    geometry = fusable_conv_geometry(input, conv_weight, conv_bias, stride, padding, dilation, groups)
     # The layer norm's input as its checks see it: (N, OH, OW, out_channels), the conv's dtype and device.
     z_like = None if geometry is None else input.new_empty((1, 1, 1, conv_weight.shape[0]))
     if z_like is None or not _norm_linear_fusable(z_like, size, ln_weight, ln_bias, eps, weight, bias):

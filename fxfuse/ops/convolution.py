@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .checks import IntPair, conv_backward_meta, conv_geometry, conv_meta, layer_kernels_apply, plain
+from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
 
 __all__ = ["conv2d"]
 
@@ -38,18 +38,7 @@ def conv2d(
     groups: int = 1,
 ) -> Tensor:
     """`F.conv2d(input, weight, bias, stride, padding, dilation, groups)` with fxfuse's backward."""
-    geometry = None
-    if (
-        plain(input, weight, bias)
-        and layer_kernels_apply(input, (weight, bias))
-        and weight.dim() == 4
-        and type(groups) is int
-        and groups > 0
-        and input.shape[1] == weight.shape[1] * groups
-        and weight.shape[0] % groups == 0
-        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
-    ):
-        geometry = conv_geometry(input, weight, stride, padding, dilation)
+    geometry = fusable_conv_geometry(input, weight, bias, stride, padding, dilation, groups)
     if geometry is None or compiled.applies(geometry[0]):  # compositions: inductor's own convolution
         return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
     input, stride, padding, dilation, _ = geometry

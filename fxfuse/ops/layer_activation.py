@@ -39,9 +39,8 @@ from .checks import (
     check_act,
     check_linear,
     conv_backward_meta,
-    conv_geometry,
     conv_meta,
-    layer_kernels_apply,
+    fusable_conv_geometry,
     linear_fusable,
     plain,
 )
@@ -119,19 +118,7 @@ def conv_act(
     Backward recomputes the convolution from `input` instead of keeping its output.
     """
     check_act(act)
-    geometry = None
-    if (
-        plain(input, weight, bias)
-        and weight is not None
-        and layer_kernels_apply(input, (weight, bias))
-        and weight.dim() == 4
-        and type(groups) is int
-        and groups > 0
-        and input.shape[1] == weight.shape[1] * groups
-        and weight.shape[0] % groups == 0
-        and (bias is None or tuple(bias.shape) == (weight.shape[0],))
-    ):
-        geometry = conv_geometry(input, weight, stride, padding, dilation)
+    geometry = fusable_conv_geometry(input, weight, bias, stride, padding, dilation, groups)
     if geometry is None:
         return apply_activation(F.conv2d(input, weight, bias, stride, padding, dilation, groups), act, act_param)
     input, stride, padding, dilation, _ = geometry
