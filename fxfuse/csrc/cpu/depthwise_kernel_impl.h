@@ -98,9 +98,10 @@ void row_vec(const T* x, const T* gy, T* acc, const DepthwiseGeometry& g, Interi
 
 // The same for any kernel width and any block width (width lanes from x and gy), one lane
 // at a time: the scalar lanes after the last vector, and kernel widths other than 3, 5, 7.
+// a: scratch for the row's sums, KW x width elements.
 template <typename T>
-void row_scalar(const T* x, const T* gy, T* acc, int64_t width, const DepthwiseGeometry& g) {
-  std::vector<T> a(g.KW * width, T(0));
+void row_scalar(const T* x, const T* gy, T* acc, int64_t width, const DepthwiseGeometry& g, T* a) {
+  std::fill_n(a, g.KW * width, T(0));
   for (int64_t ow = 0; ow < g.OW; ++ow) {
     const int64_t iw0 = ow * g.stride_w - g.pad_w;
     for (int64_t kw = 0; kw < g.KW; ++kw) {
@@ -119,27 +120,31 @@ void row_scalar(const T* x, const T* gy, T* acc, int64_t width, const DepthwiseG
 // One (output row, kernel row) over all channels: blocks of V vectors (as many as the
 // registers hold for this kernel width), then single vectors, then scalar lanes.
 template <typename T, int V, int KW>
-void row_channels(const T* x, const T* gy, T* acc, const DepthwiseGeometry& g, Interior in) {
+void row_channels(
+    const T* x, const T* gy, T* acc, const DepthwiseGeometry& g, Interior in, T* scratch) {
   constexpr int64_t L = Vectorized<T>::size();
   int64_t c = 0;
   for (; c + V * L <= g.C; c += V * L) row_vec<T, V, KW>(x + c, gy + c, acc + c, g, in);
   for (; c + L <= g.C; c += L) row_vec<T, 1, KW>(x + c, gy + c, acc + c, g, in);
-  if (c < g.C) row_scalar<T>(x + c, gy + c, acc + c, g.C - c, g);
+  if (c < g.C) row_scalar<T>(x + c, gy + c, acc + c, g.C - c, g, scratch);
 }
 
+// scratch: KW x C elements for row_scalar.
 template <typename T>
-void accumulate_row(const T* x, const T* gy, T* acc, const DepthwiseGeometry& g, Interior in) {
+void accumulate_row(
+    const T* x, const T* gy, T* acc, const DepthwiseGeometry& g, Interior in, T* scratch) {
   switch (g.KW) {
-    case 3: return row_channels<T, 4, 3>(x, gy, acc, g, in);
-    case 5: return row_channels<T, 2, 5>(x, gy, acc, g, in);
-    case 7: return row_channels<T, 2, 7>(x, gy, acc, g, in);
-    default: return row_scalar<T>(x, gy, acc, g.C, g);
+    case 3: return row_channels<T, 4, 3>(x, gy, acc, g, in, scratch);
+    case 5: return row_channels<T, 2, 5>(x, gy, acc, g, in, scratch);
+    case 7: return row_channels<T, 2, 7>(x, gy, acc, g, in, scratch);
+    default: return row_scalar<T>(x, gy, acc, g.C, g, scratch);
   }
 }
 
-// acc[c] += sum over ow of gy[ow][c], for width lanes.
+// acc[c] += sum over ow of gy[ow][c], for every channel.
 template <typename T>
-void bias_row(const T* gy, T* acc, int64_t width, const DepthwiseGeometry& g) {
+void bias_row(const T* gy, T* acc, const DepthwiseGeometry& g) {
+  const int64_t width = g.C;
   using Vec = Vectorized<T>;
   constexpr int64_t L = Vec::size();
   int64_t c = 0;
@@ -167,6 +172,7 @@ void weight_grad_kernel(
   const Interior in = interior(g);
 
   at::parallel_for(0, ranges, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> scratch(g.KW * g.C);
     for (int64_t r = begin; r < end; ++r) {
       T* acc = partial.data() + r * K * g.C;
       for (int64_t row = r * rows / ranges; row < (r + 1) * rows / ranges; ++row) {
@@ -176,9 +182,9 @@ void weight_grad_kernel(
           const int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dilation_h;
           if (ih < 0 || ih >= g.H) continue;
           const T* x_row = x + ((n * g.H + ih) * g.W) * g.C;
-          accumulate_row<T>(x_row, gy_row, acc + kh * g.KW * g.C, g, in);
+          accumulate_row<T>(x_row, gy_row, acc + kh * g.KW * g.C, g, in, scratch.data());
         }
-        if (grad_bias) bias_row<T>(gy_row, partial_bias.data() + r * g.C, g.C, g);
+        if (grad_bias) bias_row<T>(gy_row, partial_bias.data() + r * g.C, g);
       }
     }
   });

@@ -11,25 +11,17 @@
 //
 // Built from ATen calls plus fxfuse's own ops, like conv_bn_act, so it runs on every
 // device and picks the hand-written BN kernels where a device has them.
-#include <ATen/ops/convolution.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "../bn_act.h"
+#include "../conv_ops.h"
 #include "../dispatch.h"
 
 namespace fxfuse {
 namespace {
 
 using OptTensor = std::optional<at::Tensor>;
-
-at::Tensor conv(
-    const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias,
-    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  return at::convolution(
-      input, weight, bias, stride, padding, dilation, /*transposed=*/false,
-      /*output_padding=*/{0, 0}, groups);
-}
 
 at::Tensor unused_stats(const at::Tensor& like) {
   return at::empty({0}, like.options().dtype(stats_dtype(like.scalar_type())));
@@ -48,7 +40,7 @@ bn_act_conv(
     bool batch_stats, double eps, c10::string_view act, double act_param) {
   auto [in_mean, in_var, in_unbiased_var] =
       normalization_stats(input, in_running_mean, in_running_var, in_batch_stats, "bn_act_conv");
-  at::Tensor y = conv(
+  at::Tensor y = conv2d_generic(
       dispatch::bn_act(input, in_mean, in_var, in_weight, in_bias, in_eps, in_act, in_act_param),
       weight, bias, stride, padding, dilation, groups);
   if (!epilogue) {
@@ -78,7 +70,7 @@ bn_act_conv_backward(
   at::Tensor x = dispatch::bn_act(input, in_mean, in_var, in_weight, in_bias, in_eps, in_act, in_act_param);
   at::Tensor grad_y = grad_out, grad_bn_weight, grad_bn_bias;
   if (epilogue) {
-    at::Tensor y = conv(x, weight, bias, stride, padding, dilation, groups);
+    at::Tensor y = conv2d_generic(x, weight, bias, stride, padding, dilation, groups);
     if (need_conv) {
       std::tie(grad_bn_weight, grad_bn_bias) = dispatch::bn_act_backward_(
           grad_out, y, mean, var, bn_weight, bn_bias, eps, act, act_param, batch_stats,

@@ -6,22 +6,14 @@
 // buffer per call instead of two.
 // Built from ATen calls plus fxfuse's own ops, so it runs on every device and
 // picks the hand-written kernels where a device has them.
-#include <ATen/ops/convolution.h>
 #include <torch/library.h>
 
 #include "../bn_act.h"
+#include "../conv_ops.h"
 #include "../dispatch.h"
 
 namespace fxfuse {
 namespace {
-
-at::Tensor conv(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  return at::convolution(
-      input, weight, bias, stride, padding, dilation, /*transposed=*/false,
-      /*output_padding=*/{0, 0}, groups);
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -29,7 +21,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act(
     const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
     bool batch_stats, double eps, c10::string_view act, double act_param) {
-  at::Tensor y = conv(input, weight, bias, stride, padding, dilation, groups);
+  at::Tensor y = conv2d_generic(input, weight, bias, stride, padding, dilation, groups);
   TORCH_CHECK(y.dim() == 4, "fxfuse::conv_bn_act: expected a 4-D (N, C, H, W) input");
   auto [mean, var, unbiased_var] =
       normalization_stats(y, running_mean, running_var, batch_stats, "conv_bn_act");
@@ -46,7 +38,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_a
     std::array<bool, 5> output_mask) {
   const bool need_conv_grads = output_mask[0] || output_mask[1] || output_mask[2];
   // Recompute the conv output: the one activation this op did not keep.
-  at::Tensor y = conv(input, weight, bias, stride, padding, dilation, groups);
+  at::Tensor y = conv2d_generic(input, weight, bias, stride, padding, dilation, groups);
   at::Tensor grad_bn_weight, grad_bn_bias;
   if (!need_conv_grads) {
     std::tie(std::ignore, grad_bn_weight, grad_bn_bias) = dispatch::bn_act_backward(

@@ -10,28 +10,18 @@
 // layer op, then the same ATen activation, applied in place to the fresh layer
 // output (no second wide buffer). The result has the layer output's layout
 // (at::convolution's: channels_last in, channels_last out).
-#include <ATen/ops/convolution.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
 
-#include <vector>
-
 #include "../activation_ops.h"
 #include "../checks.h"
+#include "../conv_ops.h"
 #include "../dispatch.h"
 
 namespace fxfuse {
 namespace {
-
-at::Tensor conv(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  return at::convolution(
-      input, weight, bias, stride, padding, dilation, /*transposed=*/false,
-      /*output_padding=*/{0, 0}, groups);
-}
 
 void check_conv_args(const at::Tensor& input, const at::Tensor& weight, const char* op) {
   TORCH_CHECK(
@@ -116,7 +106,7 @@ at::Tensor conv_act(
     c10::string_view act, double act_param) {
   check_conv_args(input, weight, "conv_act");
   const Act a = parse_act(act);
-  at::Tensor y = conv(input, weight, bias, stride, padding, dilation, groups);
+  at::Tensor y = conv2d_generic(input, weight, bias, stride, padding, dilation, groups);
   return act_forward_(y, a, act_param);
 }
 
@@ -133,7 +123,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_act_backward(
   const at::Tensor grad_y = a == Act::None
       ? grad_out
       : act_backward(
-            grad_out, conv(input, weight, bias, stride, padding, dilation, groups), a, act_param);
+            grad_out, conv2d_generic(input, weight, bias, stride, padding, dilation, groups), a,
+            act_param);
   return dispatch::conv2d_backward(
       grad_y, input, weight, bias, stride, padding, dilation, groups, output_mask);
 }
