@@ -103,6 +103,15 @@ def as_conv(node: fx.Node, ctx: PassContext) -> tuple[Optional[LayerCall], Optio
     return None, None
 
 
+def conv_weight_shape(conv: LayerCall, ctx: PassContext) -> Optional[tuple[int, ...]]:
+    """The conv's weight shape: the module's, or the example inputs' metadata for a functional call."""
+    if conv.module is not None:
+        return tuple(conv.module.weight.shape)
+    weight = conv.args["weight"]
+    meta = ctx.shapes.get(weight) if isinstance(weight, fx.Node) else None
+    return None if meta is None else tuple(meta.shape)
+
+
 def conv_arguments(conv: LayerCall, ctx: PassContext) -> dict[str, Any]:
     """F.conv2d's arguments for `conv`; for a module, get_attr nodes of its parameters (at the insertion point)."""
     if conv.module is None:

@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from ... import ops
 from . import estimates
-from .calls import as_conv, conv_arguments, pattern_name
+from .calls import as_conv, conv_arguments, conv_weight_shape, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
 from .known_modules import is_conv2d_same
@@ -82,12 +82,7 @@ PASS = FusionPass(match, modes=("memory",))
 
 def _flops(ctx: PassContext, node: fx.Node, conv) -> Optional[int]:
     """One more conv forward."""
-    out = estimates.numel(ctx.shapes, node)
-    weight = conv.module.weight if conv.module is not None else None
-    if weight is None:
-        w = conv.args["weight"]
-        meta = ctx.shapes.get(w) if isinstance(w, fx.Node) else None
-        weight = meta
-    if out is None or weight is None:
+    out, shape = estimates.numel(ctx.shapes, node), conv_weight_shape(conv, ctx)
+    if out is None or shape is None:
         return None
-    return 2 * out * weight.shape[1] * weight.shape[2] * weight.shape[3]
+    return 2 * out * shape[1] * shape[2] * shape[3]

@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from ... import ops
 from .. import runtime
-from .calls import as_conv
+from .calls import as_conv, conv_weight_shape
 from .context import PassContext
 from .driver import FusionPass, Site
 from .matchers import site_name
@@ -25,16 +25,8 @@ from .matchers import site_name
 MIN_KERNEL_AREA = 25  # 5×5: where fxfuse's depthwise weight gradient measured faster than oneDNN's
 
 
-def _weight_shape(conv, ctx: PassContext) -> Optional[tuple]:
-    if conv.module is not None:
-        return tuple(conv.module.weight.shape)
-    weight = conv.args["weight"]
-    meta = ctx.shapes.get(weight) if isinstance(weight, fx.Node) else None
-    return None if meta is None else tuple(meta.shape)
-
-
 def _depthwise_large(conv, ctx: PassContext) -> bool:
-    shape = _weight_shape(conv, ctx)
+    shape = conv_weight_shape(conv, ctx)
     groups = conv.module.groups if conv.module is not None else conv.args["groups"]
     return (
         shape is not None

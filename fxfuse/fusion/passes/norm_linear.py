@@ -87,7 +87,7 @@ class NormLinear:
     _norm: Optional[dict] = None
     _linear_args: Optional[dict] = None
 
-    def modules(self, ctx: PassContext) -> Optional[tuple[str, str]]:
+    def modules(self) -> Optional[tuple[str, str]]:
         """(norm path, linear path) when both are module calls."""
         if "module" in self._norm and self.linear.op == "call_module":
             return self.norm.target, self.linear.target
@@ -145,7 +145,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     pattern = pattern_name("layer_norm", "linear")
     if found.problem:
         return Site(found.names, pattern, found.problem)
-    source, modules = found.source, found.modules(ctx)
+    source, modules = found.source, found.modules()
     if modules is not None:
 
         def build():
