@@ -5,9 +5,10 @@ weight). The backward is `fxfuse::conv2d_backward`, which every fxfuse op holdin
 too: ATen's convolution_backward, except that on CPU the weight and bias gradients of a
 depthwise convolution with a kernel of 5×5 or more (float32; any depthwise kernel in float64)
 come from fxfuse's own kernel. oneDNN, which eager runs there, computes that weight gradient
-5–20× slower than the input gradient of the same FLOPs (ConvNeXt's 7×7 depthwise convs:
-a quarter of its CPU training step). fxfuse's kernel sums in float32 too, in a different
-order: its error against a float64 run is below eager's (tests/test_conv2d.py).
+5–50× slower than the input gradient of the same FLOPs (benchmarks/bench_depthwise.py).
+fxfuse's kernel sums in float32 too, in a different order: its error against a float64 run is
+no worse than eager's beyond float32 rounding (tests/test_conv2d.py holds it to 1.5× eager's or
+5e-7, and below eager's at ConvNeXt's size).
 
 Calls the op cannot serve exactly (tensor subclasses, shapes or arguments F.conv2d rejects,
 padding="same" with a stride, ...) run F.conv2d, which raises eager's errors; under
