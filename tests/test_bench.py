@@ -59,6 +59,16 @@ def test_variant_names_and_errors():
     ]
     with pytest.raises(ConfigurationError, match="give --budget too"):
         bench.parse_variants(["memory"], [], ["compile-budget"])
+    assert bench.parse_variants(["memory"], [0.3, 0.25], budget_peak=0.5) == [
+        "eager",
+        "memory",
+        "budget=0.3",
+        "budget=0.25",
+        "budget=0.3,peak=0.5",
+        "budget=0.25,peak=0.5",
+    ]
+    with pytest.raises(ConfigurationError, match="needs --budget too"):
+        bench.parse_variants(["memory"], [], budget_peak=0.5)
     assert bench.parse_variants(["memory", "auto"], [], ["compile", "compile-fxfuse", "compile-fxfuse-composed"]) == [
         "eager",
         "memory",
@@ -108,6 +118,12 @@ def test_peak_budget_variant_is_optimized_under_that_budget():
     variant = bench.make_variant("peak-budget=0.9", small_net(), (x,))
     assert variant.fxfuse_report.peak_budget == 0.9
     assert variant.fxfuse_report.selected_peak_bytes is not None
+
+
+def test_budget_with_peak_variant_is_optimized_under_both():
+    x = torch.randn(2, 3, 16, 16)
+    report = bench.make_variant("budget=0.8,peak=0.95", small_net(), (x,)).fxfuse_report
+    assert (report.budget, report.peak_budget) == (0.8, 0.95)
 
 
 def test_compare_rows_are_ratios_to_eager():

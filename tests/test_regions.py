@@ -23,9 +23,10 @@ def _resnet18():
     return torchvision.models.resnet18(num_classes=10).double()
 
 
-def _recomputing(model: nn.Module, groups) -> nn.Module:
-    """`model` fused with pointwise sites only, recomputing the region `groups`."""
-    optimize_module._run(model, None, optimize_module.Options("fast", regions=tuple(groups)), install=True)
+def _recomputing(model: nn.Module, groups, flat_links=frozenset()) -> nn.Module:
+    """`model` fused with pointwise sites only, recomputing the region `groups` (`flat_links` run flat)."""
+    options = optimize_module.Options("fast", regions=tuple(groups), flat_links=frozenset(flat_links))
+    optimize_module._run(model, None, options, install=True)
     return model
 
 
@@ -93,6 +94,53 @@ def test_regions_and_chains_are_exact_in_float64():
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     groups = [("conv1…maxpool", "layer1.0", "layer1.1"), ("layer2.0",), ("layer3.0", "layer3.1"), ("layer4.1",)]
     assert_equivalent(_resnet18(), _recomputing(_resnet18(), groups), x, dtype=torch.float64)
+
+
+def test_segments_cut_a_group_where_its_links_are_not_flat():
+    group = ("a", "b", "c", "d")
+    assert regions.segments(group) == [("a",), ("b",), ("c",), ("d",)]
+    assert regions.segments(group, frozenset({("a", "b"), ("c", "d")})) == [("a", "b"), ("c", "d")]
+    assert regions.segments(group, frozenset({("b", "c"), ("a", "c")})) == [("a",), ("b", "c"), ("d",)]
+
+
+def _forward_convs(model, x) -> int:
+    """Convolution forwards run by one train step (aten's, and those inside fxfuse's BN→act→conv op)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.name() in ("aten::convolution", "fxfuse::bn_act_conv"):
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        measure.train_step(model, (x,))
+    return Count.n
+
+
+def test_a_flat_link_frees_the_same_bytes_and_runs_its_first_region_once_less():
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    group = ("conv1…maxpool", "layer1.0", "layer1.1")
+    nested = _recomputing(_resnet18(), [group])
+    flat = _recomputing(_resnet18(), [group], {("layer1.0", "layer1.1")})
+    assert measure.saved_activation_bytes(flat, (x,)) == measure.saved_activation_bytes(nested, (x,))
+    calls = [n.target for n in _graph(flat).nodes if isinstance(n.target, recompute.RegionCall)]
+    assert [c.name for c in calls] == ["conv1…maxpool+layer1.0+layer1.1"]
+    # layer1.0 holds two convs: run once in forward, once to rebuild layer1.1's input, once for its own
+    # backward when nested; flat, its recompute is the one that rebuilds layer1.1's input.
+    assert _forward_convs(nested, x) - _forward_convs(flat, x) == 2
+
+
+@pytest.mark.parametrize(
+    "flat_links",
+    [{("layer1.0", "layer1.1")}, {("conv1…maxpool", "layer1.0"), ("layer1.0", "layer1.1"), ("layer1.1", "layer2.0")}],
+)
+def test_flat_links_are_exact_and_update_running_statistics_once(flat_links):
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    groups = [("conv1…maxpool", "layer1.0", "layer1.1", "layer2.0"), ("layer3.0", "layer3.1")]
+    assert_equivalent(_resnet18(), _recomputing(_resnet18(), groups, flat_links), x, dtype=torch.float64, steps=2)
 
 
 def test_dropout_inside_a_region_draws_the_same_mask_in_the_recompute():

@@ -61,6 +61,14 @@ def register(subparsers) -> None:
         help="also run fxfuse with peak_budget=P (fraction of eager's peak during a train step)",
     )
     parser.add_argument(
+        "--budget-peak",
+        type=float,
+        default=None,
+        metavar="P",
+        help="also run each --budget B with peak_budget=P as well (fxfuse spends the peak left under P on "
+        "speed: chained regions recompute in one pass)",
+    )
+    parser.add_argument(
         "--with",
         dest="peers",
         type=_csv,
@@ -101,7 +109,12 @@ def run(args: argparse.Namespace) -> int:
         (torch.channels_last if args.memory_format == "channels_last" else torch.contiguous_format) if four_d else None
     )
     names = bench.parse_variants(
-        args.modes, args.budget, args.peers, channels_last_baseline=four_d, peak_budgets=args.peak_budget
+        args.modes,
+        args.budget,
+        args.peers,
+        channels_last_baseline=four_d,
+        peak_budgets=args.peak_budget,
+        budget_peak=args.budget_peak,
     )
 
     def log(message: str) -> None:

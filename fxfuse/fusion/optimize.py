@@ -41,6 +41,7 @@ class Options:
     memory_budget: Optional[float] = None
     channels_last: bool = False  # the forward converts 4-D floating inputs to channels_last (fusion.layout)
     regions: tuple = ()  # groups of region names (passes/regions.py) the policy chose to recompute
+    flat_links: frozenset = frozenset()  # (first, second) links of those groups run as one region
 
     @property
     def pass_mode(self) -> str:
@@ -61,7 +62,14 @@ class Options:
             inner = tuple(_unprefix(n, path) for n in group)
             if all(n is not None for n in inner):
                 groups.append(inner)
-        return Options(self.mode, frozenset(allowed), self.memory_budget, self.channels_last, tuple(groups))
+        flat = set()
+        for link in self.flat_links:
+            inner = tuple(_unprefix(n, path) for n in link)
+            if all(n is not None for n in inner):
+                flat.add(inner)
+        return Options(
+            self.mode, frozenset(allowed), self.memory_budget, self.channels_last, tuple(groups), frozenset(flat)
+        )
 
 
 def _unprefix(name: str, path: str) -> Optional[str]:
@@ -169,7 +177,7 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
     )
     run_passes(ctx)
     if state.options.regions:
-        report.notes.extend(regions.apply(traced.graph, root, state.options.regions))
+        report.notes.extend(regions.apply(traced.graph, root, state.options.regions, state.options.flat_links))
     state.fx_graphs[_key(state)] = traced.graph
     fn = tracing.compile_graph(traced.graph)
     key = _key(state)
@@ -339,7 +347,7 @@ def _run(model: nn.Module, example_inputs, options: Options, install: bool) -> F
 
 def _prepare(selection: policy.Selection) -> Callable[[nn.Module], Any]:
     """Optimize a (meta-device) trial copy with `selection`."""
-    options = Options("memory", selection.allowed, regions=selection.groups)
+    options = Options("memory", selection.allowed, regions=selection.groups, flat_links=selection.flat_links)
     return lambda trial: _run(trial, None, options, install=True)
 
 
@@ -383,7 +391,8 @@ def _decide(
             _counts(model, inputs),
             peak_budget=None if peak_budget is None else float(peak_budget),
         )
-    return Options(mode, decision.allowed, memory_budget, regions=decision.groups), decision
+    options = Options(mode, decision.allowed, memory_budget, regions=decision.groups, flat_links=decision.flat_links)
+    return options, decision
 
 
 def _optimized(

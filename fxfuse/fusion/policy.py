@@ -22,7 +22,10 @@ selection is a prefix of that one ranking, so a tighter budget never saves less:
   during a train step is at most p × eager's, both counted on a meta-device copy
   (`measure.step_peak_bytes_meta`): what decides whether a batch fits. Searched by
   bisection, which assumes the peak does not rise along the ranking; the count checks
-  the prefix it ends on.
+  the prefix it ends on. Then the slack between that peak and p buys time: each chosen
+  link (largest first region first) runs *flat*, both regions in one recompute, when the
+  counted peak stays within p (passes/regions.py). Flat or not, a link frees the same
+  bytes, so the saved activations do not change; without a peak budget no link is flat.
 * mode="auto": the upgrades that cost at most AUTO_MAX_FLOPS_PER_BYTE, e.g. depthwise
   convs and 1×1 convs with few input channels (no regions).
 * mode="memory": every upgrade that frees bytes beyond its pointwise form, whatever it
@@ -35,6 +38,7 @@ selection is a prefix of that one ranking, so a tighter budget never saves less:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -71,6 +75,7 @@ class Decision:
     selected_bytes: Optional[int] = None  # saved for backward with this selection (meta-device count)
     notes: list[str] = field(default_factory=list)
     groups: tuple = ()  # region groups to recompute (ranking.Selection.groups)
+    flat_links: frozenset = frozenset()  # links of those groups run flat (ranking.Selection.flat_links)
     idle: list[FusedSite] = field(default_factory=list)  # mode="memory": upgrades left out as freeing nothing
     selection: Optional[Selection] = None
     peak_budget: Optional[float] = None
@@ -266,12 +271,17 @@ def choose_budget(
     if peak_budget is not None:
         target = peak_budget * decision.eager_peak_bytes
         k = _shortest_within_peak(k, len(ranking), target, selections, counts, decision)
+        if decision.peak_met:
+            selections[k] = _flatten_within_peak(selections[k], target, counts, decision)
+            if selections[k].flat_links:
+                measured_bytes.pop(k, None)  # counted again below, in the form that runs
     elif budget is not None:
         decision.eager_peak_bytes = _optional(counts.eager_peak)
         decision.selected_peak_bytes = _optional(lambda: counts.selection_peak(selections[k]))
     chosen = selections[k]
     decision.selection = chosen
     decision.allowed, decision.fallback_names, decision.groups = chosen.allowed, chosen.fallback, chosen.groups
+    decision.flat_links = chosen.flat_links
     decision.chosen, decision.rejected = ranking[:k], ranking[k:]
     if budget is not None:
         decision.selected_bytes = saved(k)
@@ -323,11 +333,32 @@ def _shortest_within_peak(
     return low
 
 
-def _region_choice(entry: RegionCandidate, limit: str) -> RegionChoice:
+def _flatten_within_peak(selection: Selection, target: float, counts: Counts, decision: Decision) -> Selection:
+    """`selection` with each of its links run flat, largest first region first, while the counted step
+    peak stays at most `target` (each try one count on the meta device)."""
+    for link in sorted(selection.links, key=lambda e: -e.cost.flops):
+        trial = dataclasses.replace(selection, flat_links=selection.flat_links | {(link.cost.first, link.cost.second)})
+        try:
+            peak = counts.selection_peak(trial)
+        except Exception:  # noqa: BLE001 - a link stays nested when its flat form cannot be counted
+            continue
+        if peak <= target:
+            selection, decision.selected_peak_bytes = trial, peak
+    return selection
+
+
+def _region_choice(entry: RegionCandidate, limit: str, flat_links: frozenset = frozenset()) -> RegionChoice:
     cost = entry.cost
     if entry.kind == "region":
         what = f"{cost.kind} keeps only its inputs; backward runs its forward again (sites inside: pointwise form)"
         return RegionChoice(cost.name, entry.kind, cost.flops, cost.freed_bytes, f"{limit}: {entry.describe()}; {what}")
+    if (cost.first, cost.second) in flat_links:
+        what = (
+            f"chains {cost.first} and {cost.second}, flat: one recompute runs both, holding {cost.first}'s "
+            f"recomputed tensors while {cost.second}'s backward runs (within the peak budget), so {cost.first} "
+            "does not run a third time"
+        )
+        return RegionChoice(entry.name, entry.kind, 0, cost.freed_bytes, f"{limit}: {what}")
     what = f"chains {cost.first} and {cost.second}: backward runs {cost.first} again to rebuild {cost.second}'s input"
     return RegionChoice(entry.name, entry.kind, cost.flops, cost.freed_bytes, f"{limit}: {entry.describe()}; {what}")
 
@@ -370,7 +401,7 @@ def annotate(report: FusionReport, decision: Decision) -> None:
             site.reason = f"{why}; {site.reason}" if site.reason else why
     for entry in decision.chosen:
         if isinstance(entry, RegionCandidate):
-            report.regions.append(_region_choice(entry, limit))
+            report.regions.append(_region_choice(entry, limit, decision.flat_links))
     for site in decision.idle:
         report.skipped.append(
             SkippedSite(

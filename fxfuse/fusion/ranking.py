@@ -133,6 +133,7 @@ class Selection:
     upgrades: list[Candidate] = field(default_factory=list)  # the upgrades in effect
     regions: list[RegionCandidate] = field(default_factory=list)
     links: list[RegionCandidate] = field(default_factory=list)
+    flat_links: frozenset = frozenset()  # (first, second) of links run flat (passes/regions.py); see policy
 
 
 def _groups(regions: list[RegionCandidate], links: list[RegionCandidate], order: list[str]) -> tuple:

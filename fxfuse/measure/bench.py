@@ -13,7 +13,7 @@ step against 1.3 s).
 
 Variants: "eager" (NCHW) and "eager-channels_last"; fxfuse modes "fast", "memory",
 "auto"; "budget=0.7" (fxfuse with memory_budget=0.7), "peak-budget=0.5" (fxfuse with
-peak_budget=0.5); peers "checkpoint"
+peak_budget=0.5), "budget=0.3,peak=0.5" (both); peers "checkpoint"
 (torch.utils.checkpoint, non-reentrant, on each top-level child block), "compile"
 (torch.compile) and "compile-budget=0.7" (torch.compile with AOTAutograd's
 activation_memory_budget=0.7, its knapsack over which activations to recompute); and
@@ -153,12 +153,14 @@ def parse_variants(
     peers: Sequence[str] = (),
     channels_last_baseline: bool = False,
     peak_budgets: Sequence[float] = (),
+    budget_peak: Optional[float] = None,
 ) -> list[str]:
     """Variant names in table order, eager first; bad names raise ConfigurationError.
 
     `channels_last_baseline` adds eager in channels_last beside eager NCHW (4-D inputs).
     "compile-budget" runs at each of `budgets`, the budgets fxfuse runs at; "compile-fxfuse"
     and "compile-fxfuse-composed" run torch.compile over each fxfuse mode of `modes`.
+    `budget_peak` adds each budget again with that peak budget too.
     """
     names = ["eager"] + ([EAGER_CHANNELS_LAST] if channels_last_baseline else [])
     for mode in modes:
@@ -167,6 +169,10 @@ def parse_variants(
         if mode not in names:
             names.append(mode)
     names += [f"budget={b:g}" for b in budgets]
+    if budget_peak is not None:
+        if not budgets:
+            raise ConfigurationError("a peak budget for the memory budgets needs --budget too")
+        names += [f"budget={b:g},peak={budget_peak:g}" for b in budgets]
     names += [f"peak-budget={b:g}" for b in peak_budgets]
     for peer in peers:
         if peer not in PEERS:
@@ -224,7 +230,10 @@ def make_variant(
     if name in MODES:
         return optimize(copied, tuple(example_inputs), mode=name)
     if name.startswith("budget="):
-        return optimize(copied, tuple(example_inputs), memory_budget=float(name.split("=", 1)[1]))
+        budget, _, peak = name[len("budget=") :].partition(",peak=")
+        return optimize(
+            copied, tuple(example_inputs), memory_budget=float(budget), peak_budget=float(peak) if peak else None
+        )
     if name.startswith("peak-budget="):
         return optimize(copied, tuple(example_inputs), peak_budget=float(name.split("=", 1)[1]))
     if name == "checkpoint":
