@@ -130,6 +130,9 @@ def test_convnext_blocks():
     assert _ops(convnext).count("fxfuse::act_linear_scale") == 18
     site = next(s for s in report.fused if s.op == "fxfuse::act_linear_scale")
     assert site.modules == ("features.1.0.block.5", "features.1.0.layer_scale")
+    act_linear = next(s for s in report.fused if s.modules == ("features.1.0.block.4", "features.1.0.block.5"))
+    assert act_linear.merged_into == "features.1.0.layer_scale"
+    assert "one fxfuse::act_linear_scale call" in act_linear.reason
     freed = eager_bytes - measure.saved_activation_bytes(convnext, (x,))
     assert freed >= sum(s.saved_bytes for s in report.fused)
 

@@ -40,7 +40,9 @@ class FusedSite:
     recompute_flops: Optional[int] = None  # extra work in backward
     reason: str = ""  # why the policy chose it: what is kept and what is recomputed (or why it is faster)
     mode: str = ""  # the mode that chose this site: "memory", "fast" or "auto"
-    merged_into: str = ""  # fxfuse::bn_act_conv: the conv whose input this site's output is (passes/bn_act_conv.py)
+    # fxfuse::bn_act_conv: the conv whose input this site's output is (passes/bn_act_conv.py); an
+    # act_linear site: the layer-scale parameter its call was merged with (passes/layer_scale.py)
+    merged_into: str = ""
 
     @property
     def name(self) -> str:

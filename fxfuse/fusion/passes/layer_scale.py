@@ -25,7 +25,7 @@ from . import estimates
 from .act_linear import passes_through
 from .calls import as_linear
 from .context import PassContext
-from .driver import FusionPass, Site
+from .driver import SITE_META, FusionPass, Site
 from .matchers import permute_of
 
 _RESHAPES = ("reshape", "view")
@@ -109,8 +109,14 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     parameter = scale
     while parameter.op != "get_attr":
         parameter = parameter.args[0]
+    merged = y.meta.get(SITE_META) if y.op == "call_function" else None  # the act_linear site's report entry
 
     def build():
+        if merged is not None:
+            merged.merged_into = parameter.target
+            merged.reason += (
+                f"; runs as one fxfuse::act_linear_scale call with the layer scale {parameter.target} after it"
+            )
         linear_node = ctx.get_attr(linear) if isinstance(linear, str) else linear
         post_nodes = tuple(ctx.get_attr(t) for t in post_targets)
         return ctx.graph.call_function(
