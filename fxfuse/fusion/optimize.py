@@ -52,24 +52,20 @@ class Options:
         """These options for the submodule at `path` (site names relative to it)."""
         if self.allowed is None or not path:
             return self
-        allowed = set()
-        for names in self.allowed:
-            inner = tuple(_unprefix(n, path) for n in names)
-            if all(n is not None for n in inner):
-                allowed.add(inner)
-        groups = []
-        for group in self.regions:
-            inner = tuple(_unprefix(n, path) for n in group)
-            if all(n is not None for n in inner):
-                groups.append(inner)
-        flat = set()
-        for link in self.flat_links:
-            inner = tuple(_unprefix(n, path) for n in link)
-            if all(n is not None for n in inner):
-                flat.add(inner)
         return Options(
-            self.mode, frozenset(allowed), self.memory_budget, self.channels_last, tuple(groups), frozenset(flat)
+            self.mode,
+            frozenset(_scoped_names(self.allowed, path)),
+            self.memory_budget,
+            self.channels_last,
+            tuple(_scoped_names(self.regions, path)),
+            frozenset(_scoped_names(self.flat_links, path)),
         )
+
+
+def _scoped_names(name_tuples, path: str) -> list[tuple[str, ...]]:
+    """The tuples of `name_tuples` whose names all lie under `path`, relative to it, in order."""
+    inner = (tuple(_unprefix(n, path) for n in names) for names in name_tuples)
+    return [names for names in inner if all(n is not None for n in names)]
 
 
 def _unprefix(name: str, path: str) -> Optional[str]:

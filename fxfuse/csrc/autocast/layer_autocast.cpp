@@ -104,7 +104,7 @@ at::Tensor conv_layer_norm_linear_autocast(
     const std::optional<at::Tensor>& bias) {
   const at::Tensor z =
       at::conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups).permute({0, 2, 3, 1});
-  return at::linear(at::layer_norm(z, normalized_shape, ln_weight, ln_bias, eps), weight, bias);
+  return layer_norm_linear_autocast(z, normalized_shape, ln_weight, ln_bias, eps, weight, bias);
 }
 
 // Eager multiplies act_linear's autocast output by the scale outside any autocast list (type
