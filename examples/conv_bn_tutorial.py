@@ -6,9 +6,10 @@ Here the *unfused* network is written the ordinary way and fxfuse.optimize fuses
 Synthetic MNIST-shaped data (no downloads). It reports the activation bytes autograd keeps
 for backward and the resident memory at the end of forward, like the tutorial's
 "memory allocated at the end of the forward pass" (it reported 0.96 GB unfused, 0.59 GB fused
-on CUDA at batch 2048).
+on CUDA at batch 2048), and the largest batch each trains within a memory cap (counted on a
+meta-device copy, `fxfuse.measure.largest_batch`).
 
-    python examples/conv_bn_tutorial.py [--batch 2048] [--steps 3]
+    python examples/conv_bn_tutorial.py [--batch 2048] [--steps 3] [--cap 4GiB]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch import nn  # noqa: E402
 
 import fxfuse  # noqa: E402
 from fxfuse import measure  # noqa: E402
+from fxfuse.measure import fit  # noqa: E402
 
 
 class Net(nn.Module):
@@ -76,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--cap", type=fit.parse_size, default="4GiB", help="memory cap for the largest batch")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -95,6 +98,14 @@ def main() -> None:
     print(
         f"ratio    saved {rows['fxfuse'][0] / rows['unfused'][0]:.3f}   resident "
         f"{rows['fxfuse'][1] / rows['unfused'][1]:.3f}"
+    )
+
+    fits = {
+        name: measure.largest_batch(model, (x,), args.cap) for name, model in (("unfused", eager), ("fxfuse", fused))
+    }
+    print(
+        f"largest batch within {args.cap / 2**30:.2f} GiB (counted): unfused {fits['unfused']}, "
+        f"fxfuse {fits['fxfuse']} ({fits['fxfuse'] / max(fits['unfused'], 1):.2f}x)"
     )
 
     batches = [(torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))) for _ in range(args.steps)]

@@ -294,6 +294,50 @@ def test_cli_optimize_with_budget(capsys):
     assert "memory budget 0.80× met" in out
 
 
+def test_add_fit_fills_counted_and_measured_batches_with_ratios_to_the_baseline():
+    model = small_net().to(memory_format=torch.channels_last)
+    x = (torch.randn(2, 3, 16, 16),)
+    names = ["eager", "eager-channels_last", "memory", "checkpoint"]
+    variants = {n: bench.make_variant(n, model, x, memory_format=torch.channels_last) for n in names}
+    rows = bench.compare(variants, x, repeats=1, memory_format=torch.channels_last)
+    cap = measure.step_peak_bytes_meta(model, (torch.randn(64, 3, 16, 16),))
+    bench.add_fit(rows, variants, x, cap, memory_format=torch.channels_last)
+    by = {r.variant: r for r in rows}
+    base = next(r for r in rows if r.baseline)
+    for r in rows:
+        # The allocator also sees what kernels use inside themselves, which the meta count cannot.
+        assert 8 < r.fit_measured <= r.fit_counted, r
+        assert r.fit_ratio == pytest.approx(r.fit_measured / base.fit_measured)
+    assert by["memory"].fit_counted > 1.3 * by["eager-channels_last"].fit_counted
+    assert by["memory"].fit_measured > by["eager-channels_last"].fit_measured
+    table = bench.render(rows)
+    assert "batch in cap (counted)" in table and "batch in cap (measured)" in table
+    with pytest.raises(ConfigurationError, match="counted"):
+        bench.add_fit(rows, variants, x, cap, ways=("guessed",))
+
+
+def test_fit_hint_of_compiled_variants_is_what_they_compile():
+    counted = {"eager-channels_last": 10, "budget=0.5": 20, "memory": 30}
+    assert bench._fit_hint("compile-budget=0.5", counted, "eager-channels_last") == 20
+    assert bench._fit_hint("compile(memory)", counted, "eager-channels_last") == 30
+    assert bench._fit_hint("compile", counted, "eager-channels_last") == 10
+    assert bench._fit_hint("memory", counted, "eager-channels_last") == 30
+
+
+def test_cli_bench_fit_cap(capsys):
+    argv = ["bench", "tests.test_bench:small_net", "--input-shape", "2,3,16,16", "--repeats", "1"]
+    assert main([*argv, "--fit-cap", "8MiB", "--fit-by", "counted", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["fit_cap_bytes"] == 8 * 2**20
+    assert all(r["fit_counted"] > 0 and r["fit_measured"] is None for r in result["rows"])
+    assert main([*argv, "--fit-cap", "8MiB", "--with", "compile"]) == 0
+    out = capsys.readouterr().out
+    assert "batch in cap (measured)" in out and "8.00 MiB" not in out and "0.01 GiB" in out
+    with pytest.raises(SystemExit):
+        main([*argv, "--fit-cap", "lots"])
+    assert "memory size" in capsys.readouterr().err
+
+
 def test_compile_comparison_lines():
     rows = [
         bench.Row("compile", 400, 0, 2.0, peak_bytes=500),

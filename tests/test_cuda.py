@@ -115,3 +115,20 @@ def test_cuda_autocast_matches_eager_autocast(dtype):
         assert err < 3e-2, (name, err)
     for a, b in zip(model.buffers(), optimized.buffers()):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
+@needs_gpu
+def test_cuda_largest_batch_under_a_memory_fraction():
+    from fxfuse.measure import fit
+
+    torch.manual_seed(0)
+    model = _cnn().cuda()
+    optimized = fxfuse.optimize(copy.deepcopy(model), mode="memory")
+    x = torch.randn(8, 3, 64, 64, device="cuda")
+    cap = torch.cuda.memory_allocated() + 256 * 2**20
+    eager = fit.largest_batch(model, (x,), cap, how="measured", start=fit.largest_batch(model, (x,), cap))
+    fused = fit.largest_batch(optimized, (x,), cap, how="measured", start=fit.largest_batch(optimized, (x,), cap))
+    assert 0 < eager < fused
+    # Afterwards the process has its whole GPU again.
+    big = torch.empty(cap, dtype=torch.uint8, device="cuda")
+    del big

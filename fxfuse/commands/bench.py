@@ -9,9 +9,10 @@ import sys
 
 import torch
 
+from ..errors import ConfigurationError
 from ..fusion import MODES
 from ..fusion.policy import RECOMPUTE_OPS
-from ..measure import bench
+from ..measure import bench, fit
 from ._common import add_model_arguments, load_model, parse_dtype
 
 
@@ -24,6 +25,13 @@ def _budgets(text: str) -> list[float]:
         return [float(part) for part in _csv(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"budgets are fractions like 0.7 or 0.5,0.7, got {text!r}") from None
+
+
+def _size(text: str) -> int:
+    try:
+        return fit.parse_size(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(subparsers) -> None:
@@ -81,6 +89,22 @@ def register(subparsers) -> None:
         "torch.compile(fxfuse.optimize(model, memory_budget=B)) for each --budget B; compile-fxfuse-composed: the same "
         "with fxfuse.ops.compiled.enabled, the fused ops as ATen compositions inductor fuses)",
     )
+    parser.add_argument(
+        "--fit-cap",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="also find each variant's largest batch within SIZE (e.g. 2GiB): the model's parameters and "
+        "buffers, the inputs and a train step's peak (no optimizer state); the batch is --input-shape's first "
+        "dimension. On CUDA the measured search runs under torch.cuda.set_per_process_memory_fraction",
+    )
+    parser.add_argument(
+        "--fit-by",
+        choices=("counted", "measured", "both"),
+        default="both",
+        help="counted: the step peak counted on a meta-device copy (no compute; not for torch.compile variants); "
+        "measured: real train steps at each batch tried, started from the counted answer (default: both)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed train steps per variant (default: 5)")
     parser.add_argument("--dtype", type=parse_dtype, default=torch.float32, help="float32 (default) or float64")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
@@ -132,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
             reports[name] = report
     del model
     rows = bench.compare(variants, (x,), repeats=args.repeats, log=log, memory_format=fmt)
+    if args.fit_cap is not None:
+        ways = bench.FIT_WAYS if args.fit_by == "both" else (args.fit_by,)
+        bench.add_fit(rows, variants, (x,), args.fit_cap, ways=ways, log=log, memory_format=fmt)
     if args.plot:
         bench.plot_frontier(
             rows,
@@ -151,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
                     "threads": torch.get_num_threads(),
                     "torch": torch.__version__,
                     "machine": platform.machine(),
+                    "fit_cap_bytes": args.fit_cap,
                     "rows": bench.to_json(rows),
                     "reports": {name: r.to_dict() for name, r in reports.items()},
                 },
@@ -164,6 +192,11 @@ def run(args: argparse.Namespace) -> int:
         f"{args.device}{layout}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )
     print(bench.render(rows))
+    if args.fit_cap is not None:
+        print(
+            f"batch in cap: the largest batch whose parameters, buffers, inputs and train-step peak fit "
+            f"{args.fit_cap / 2**30:.2f} GiB (no optimizer state)"
+        )
     for line in bench.compile_comparison(rows):
         print(line)
     for name, report in reports.items():

@@ -1,11 +1,13 @@
 """Measuring what fxfuse changes, the same way everywhere (tests, benchmarks, CLI, examples).
 
 `fxfuse.measure` holds the memory and time measurements (`memory.py`) and the step
-peak counted on a meta-device copy (`peak.py`);
+peak counted on a meta-device copy (`peak.py`); `fit.py` finds the largest batch within a
+memory cap, counted on meta or measured with real steps (`largest_batch`);
 `fxfuse.measure.bench` runs model variants side by side and renders the comparison
 (`fxfuse bench`).
 """
 
+from .fit import largest_batch
 from .memory import (
     forward_allocated_bytes,
     forward_resident_bytes,
@@ -24,6 +26,7 @@ from .peak import step_peak_bytes_meta
 __all__ = [
     "forward_allocated_bytes",
     "forward_resident_bytes",
+    "largest_batch",
     "median_step_times",
     "meta_copy",
     "rss_bytes",

@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigurationError
 from ..fusion import MODES, optimize
-from . import memory
+from . import fit, memory
 
 PEERS = ("checkpoint", "compile", "compile-budget", "compile-fxfuse", "compile-fxfuse-composed")
 EAGER_CHANNELS_LAST = "eager-channels_last"
@@ -55,6 +55,9 @@ class Row:
     peak_bytes: Optional[int] = None  # peak growth of the allocator's bytes during a train step
     peak_ratio: Optional[float] = None
     baseline: bool = False  # the row the ratios are to
+    fit_counted: Optional[int] = None  # largest batch within the --fit-cap, counted on the meta device
+    fit_measured: Optional[int] = None  # the same by real train steps on the device
+    fit_ratio: Optional[float] = None  # fit_measured (else fit_counted) over the baseline's
 
 
 # ------------------------------------------------------------------ variants
@@ -337,6 +340,63 @@ def compare(
     ]
 
 
+FIT_WAYS = ("counted", "measured")
+
+
+def _fit_hint(name: str, counted: dict[str, int], baseline: str) -> Optional[int]:
+    """Where a variant's measured search starts: its own counted answer, else (torch.compile
+    runs nothing on the meta device) that of the variant it compiles."""
+    if counted.get(name) is not None:
+        return counted[name]
+    if name.startswith("compile-budget="):
+        return counted.get("budget=" + name.split("=", 1)[1])
+    if name.startswith("compile(") and name.endswith(")"):
+        return counted.get(_compiled_fxfuse_mode(name)[0])
+    return counted.get(baseline)
+
+
+def add_fit(
+    rows: list[Row],
+    variants: dict[str, nn.Module],
+    inputs: Sequence[Any],
+    cap_bytes: int,
+    ways: Sequence[str] = FIT_WAYS,
+    log: Callable[[str], None] = lambda s: None,
+    memory_format: Optional[torch.memory_format] = None,
+) -> list[Row]:
+    """Fill each row's largest batch within `cap_bytes` (`measure.fit`): "counted" on the meta
+    device (not for torch.compile variants), "measured" by real train steps, started from the
+    counted answer. `inputs` give every dimension but the batch. Ratios are to the baseline row's."""
+    for way in ways:
+        if way not in FIT_WAYS:
+            raise ConfigurationError(f"unknown way to fit a batch {way!r}: choose from {', '.join(FIT_WAYS)}")
+    base = next((r.variant for r in rows if r.baseline), rows[0].variant)
+    x_of = {
+        name: tuple(inputs) if memory_format is None else in_layout(inputs, variant_layout(name, memory_format))
+        for name in variants
+    }
+    counted: dict[str, int] = {}
+    if "counted" in ways:
+        for name, model in variants.items():
+            if not name.startswith("compile"):
+                log(f"largest batch within the cap, counted: {name}")
+                counted[name] = fit.largest_batch(model, x_of[name], cap_bytes)
+    measured: dict[str, int] = {}
+    if "measured" in ways:
+        for name, model in variants.items():
+            log(f"largest batch within the cap, measured: {name}")
+            measured[name] = fit.largest_batch(
+                model, x_of[name], cap_bytes, how="measured", start=_fit_hint(name, counted, base)
+            )
+    chosen = measured or counted
+    for r in rows:
+        r.fit_counted = counted.get(r.variant)
+        r.fit_measured = measured.get(r.variant)
+        if chosen.get(r.variant) is not None and chosen.get(base):
+            r.fit_ratio = chosen[r.variant] / chosen[base]
+    return rows
+
+
 def render(rows: list[Row]) -> str:
     mib = 2**20
 
@@ -360,20 +420,29 @@ def render(rows: list[Row]) -> str:
         )
         for r in rows
     ]
-    return tabulate(
-        table,
-        headers=[
-            "variant",
-            "saved for backward",
-            "ratio",
-            "held at end of fwd",
-            "ratio",
-            "peak in step",
-            "ratio",
-            "train step",
-            "ratio",
-        ],
-    )
+    headers = [
+        "variant",
+        "saved for backward",
+        "ratio",
+        "held at end of fwd",
+        "ratio",
+        "peak in step",
+        "ratio",
+        "train step",
+        "ratio",
+    ]
+    fit_columns = [
+        (attr, header)
+        for attr, header in (("fit_counted", "batch in cap (counted)"), ("fit_measured", "batch in cap (measured)"))
+        if any(getattr(r, attr) is not None for r in rows)
+    ]
+    if fit_columns:
+        headers += [header for _, header in fit_columns] + ["ratio"]
+        table = [
+            (*line, *("-" if getattr(r, attr) is None else getattr(r, attr) for attr, _ in fit_columns), x(r.fit_ratio))
+            for line, r in zip(table, rows)
+        ]
+    return tabulate(table, headers=headers)
 
 
 def compile_comparison(rows: list[Row]) -> list[str]:
