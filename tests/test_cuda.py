@@ -129,6 +129,12 @@ def test_cuda_largest_batch_under_a_memory_fraction():
     eager = fit.largest_batch(model, (x,), cap, how="measured", start=fit.largest_batch(model, (x,), cap))
     fused = fit.largest_batch(optimized, (x,), cap, how="measured", start=fit.largest_batch(optimized, (x,), cap))
     assert 0 < eager < fused
-    # Afterwards the process has its whole GPU again.
+    # Afterwards the process has its whole GPU again, and a fraction set before is kept.
     big = torch.empty(cap, dtype=torch.uint8, device="cuda")
     del big
+    torch.cuda.set_per_process_memory_fraction(0.9)
+    try:
+        fit.largest_batch(model, (x,), cap, how="measured", start=eager)
+        assert torch.cuda.get_per_process_memory_fraction() == pytest.approx(0.9)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)

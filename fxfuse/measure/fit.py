@@ -193,6 +193,8 @@ def _fits_cuda(model: nn.Module, example_inputs: Sequence[Any], cap_bytes: int, 
         return True
 
     def fits(n: int) -> bool:
+        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # not in every torch
+        before = getter(device) if getter is not None else 1.0
         torch.cuda.set_per_process_memory_fraction(cap_bytes / total, device)
         try:
             ok = attempt(n)  # the exception and its frames are gone before the cache is emptied
@@ -200,7 +202,7 @@ def _fits_cuda(model: nn.Module, example_inputs: Sequence[Any], cap_bytes: int, 
             model.zero_grad(set_to_none=True)
             gc.collect()
             torch.cuda.empty_cache()
-            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            torch.cuda.set_per_process_memory_fraction(before, device)
         return ok
 
     return fits
