@@ -218,6 +218,11 @@ def in_layout(inputs: Sequence[Any], memory_format: torch.memory_format) -> tupl
     )
 
 
+def variant_inputs(inputs: Sequence[Any], name: str, memory_format: Optional[torch.memory_format]) -> tuple:
+    """`inputs` as variant `name` takes them: in its layout (`variant_layout`) when `memory_format` is given."""
+    return tuple(inputs) if memory_format is None else in_layout(inputs, variant_layout(name, memory_format))
+
+
 def make_variant(
     name: str, model: nn.Module, example_inputs: Sequence[Any], memory_format: Optional[torch.memory_format] = None
 ) -> nn.Module:
@@ -299,20 +304,20 @@ def compare(
     (`is_baseline`), else the first. With `memory_format`, each variant gets the inputs
     in its own layout (`variant_layout`)."""
 
-    def inputs_of(name: str) -> tuple:
-        return tuple(inputs) if memory_format is None else in_layout(inputs, variant_layout(name, memory_format))
-
     saved, resident, peak = {}, {}, {}
     for name, model in variants.items():
         log(f"measuring memory: {name}")
-        x = inputs_of(name)
+        x = variant_inputs(inputs, name, memory_format)
         memory.train_step(model, x)  # warm-up: kernels, compilation
         saved[name] = memory.saved_activation_bytes(model, x)
         resident[name] = memory.forward_allocated_bytes(model, x)
         peak[name] = _peak_bytes(model, x)
     log(f"timing train steps ({repeats} interleaved repeats)")
     times = memory.median_step_times(
-        {name: (lambda m=model, x=inputs_of(name): memory.train_step(m, x)) for name, model in variants.items()},
+        {
+            name: (lambda m=model, x=variant_inputs(inputs, name, memory_format): memory.train_step(m, x))
+            for name, model in variants.items()
+        },
         repeats=repeats,
     )
     baselines = [name for name in variants if is_baseline(name)] or [next(iter(variants))]
@@ -371,10 +376,7 @@ def add_fit(
         if way not in FIT_WAYS:
             raise ConfigurationError(f"unknown way to fit a batch {way!r}: choose from {', '.join(FIT_WAYS)}")
     base = next((r.variant for r in rows if r.baseline), rows[0].variant)
-    x_of = {
-        name: tuple(inputs) if memory_format is None else in_layout(inputs, variant_layout(name, memory_format))
-        for name in variants
-    }
+    x_of = {name: variant_inputs(inputs, name, memory_format) for name in variants}
     counted: dict[str, int] = {}
     if "counted" in ways:
         for name, model in variants.items():

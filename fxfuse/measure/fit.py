@@ -3,7 +3,7 @@
 What must fit: the model's parameters and buffers, the batch of inputs, and the peak a
 train step (forward, backward, parameter gradients; `memory.train_step`, no optimizer
 state) adds on top of them. Two ways to ask whether a batch of n fits, searched alike
-(`search`: doubling, then bisection, since fitting is monotone in n):
+(`search`: galloping from a start, then bisection, since fitting is monotone in n):
 
 * counted (`fits_counted`): the step peak counted on a meta-device copy
   (`step_peak_bytes_meta`): no compute, nothing of the user's runs, a second or two for
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigurationError
-from .memory import step_allocated_peak_bytes, tensors, train_step
+from .memory import step_allocated_peak_bytes, storage_key, tensors, train_step
 from .peak import step_peak_bytes_meta
 
 MAX_BATCH = 1 << 20
@@ -132,17 +132,17 @@ def batched(inputs: Sequence[Any], n: int, device: Optional[torch.device] = None
     return tuple(out)
 
 
+def _distinct_bytes(ts) -> int:
+    return sum(nbytes for *_, nbytes in {storage_key(t) for t in ts})
+
+
 def state_bytes(model: nn.Module) -> int:
     """Bytes of `model`'s parameters and buffers (distinct storages)."""
-    storages = {}
-    for t in (*model.parameters(), *model.buffers()):
-        storage = t.untyped_storage()
-        storages[(t.device.type, storage.data_ptr() or id(storage))] = storage.nbytes()
-    return sum(storages.values())
+    return _distinct_bytes((*model.parameters(), *model.buffers()))
 
 
 def _input_bytes(inputs: Sequence[Any]) -> int:
-    return sum(t.untyped_storage().nbytes() for t in tensors(inputs))
+    return _distinct_bytes(tensors(inputs))
 
 
 def fits_counted(model: nn.Module, example_inputs: Sequence[Any], cap_bytes: int) -> Callable[[int], bool]:
@@ -165,12 +165,11 @@ def fits_measured(model: nn.Module, example_inputs: Sequence[Any], cap_bytes: in
 
     def fits(n: int) -> bool:
         inputs = batched(example_inputs, n)
-        if fixed + _input_bytes(inputs) > cap_bytes:
+        held = fixed + _input_bytes(inputs)
+        if held > cap_bytes:
             return False
         train_step(model, inputs)
-        return fixed + _input_bytes(inputs) + step_allocated_peak_bytes(lambda: train_step(model, inputs), device) <= (
-            cap_bytes
-        )
+        return held + step_allocated_peak_bytes(lambda: train_step(model, inputs), device) <= cap_bytes
 
     return fits
 
