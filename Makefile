@@ -8,7 +8,7 @@ BUILT  := $(VENV)/.fxfuse-built
 CSRC   := $(shell find fxfuse/csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu')
 PYTEST_ARGS ?=
 
-.PHONY: all setup build test zoo zoo-coverage lint demo bench bench-compile install-check cuda-check cuda-build clean
+.PHONY: all setup build test zoo zoo-coverage lint demo bench bench-compile install-check cuda-check cuda-build gpu-check clean
 
 all: test
 
@@ -20,8 +20,11 @@ $(DEPS): requirements-dev.txt | $(PY)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
-$(BUILT): $(DEPS) $(CSRC) setup.py pyproject.toml
-	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+# FXFUSE_CUDA=0: the development build is CPU-only, so that make test stays fast on 2 cores (cuda-check
+# compiles the CUDA kernels anyway). `make build FXFUSE_CUDA=` lets setup.py decide (CUDA torch + nvcc: on).
+FXFUSE_CUDA ?= 0
+$(BUILT): $(DEPS) $(CSRC) setup.py pyproject.toml fxfuse/_cuda_build.py
+	FXFUSE_CUDA=$(FXFUSE_CUDA) $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 	touch $@
 
 setup: $(DEPS)
@@ -74,6 +77,13 @@ cuda-check: $(DEPS)
 cuda-build: $(DEPS)
 	TORCH_CUDA_ARCH_LIST="$(CUDA_CHECK_ARCH)" FXFUSE_CUDA=1 $(PY) setup.py build_ext --build-temp build/cuda-build --build-lib build/cuda-build-lib
 	$(PY) tools/check_cuda_build.py
+
+# Everything a GPU run needs (CUDA build, tests/test_cuda.py, float64 exactness on CUDA, autocast, kernel
+# GB/s, ResNet-50/EfficientNet-B0 steps, bench with --fit-cap), logs and JSON into GPU_OUT. Runs with the
+# python that has CUDA torch (PYTHON=...); on a machine without a GPU it stops at once with one line.
+GPU_OUT ?= gpu-check-out
+gpu-check:
+	PYTHON="$(if $(wildcard $(PY)),$(PY),$(PYTHON))" tools/gpu_check.sh $(GPU_OUT)
 
 clean:
 	rm -rf build *.egg-info fxfuse/_C*.so $(BUILT)

@@ -24,11 +24,29 @@ def loaded() -> bool:
 
 def built_against() -> str | None:
     """The torch version fxfuse._C was compiled against (recorded by setup.py), if known."""
+    return _build_info("TORCH_VERSION")
+
+
+def _build_info(name: str):
     try:
-        from ._build_info import TORCH_VERSION
+        from . import _build_info
     except ImportError:
         return None
-    return TORCH_VERSION
+    return getattr(_build_info, name, None)
+
+
+def cuda_kernels() -> bool:
+    """Whether fxfuse._C registered its CUDA kernels (built with them: see setup.py's FXFUSE_CUDA)."""
+    return loaded() and torch._C._dispatch_has_kernel_for_dispatch_key("fxfuse::bn_act", "CUDA")
+
+
+def summary() -> str:
+    """One line on the extension: loaded or not, the torch it was built against, CUDA kernels or not, and why."""
+    if not loaded():
+        return f"fxfuse._C not loaded ({type(_load_error).__name__}: {_load_error})"
+    reason = _build_info("CUDA_REASON")
+    cuda = "with CUDA kernels" if cuda_kernels() else "CPU kernels only (CUDA runs the device-generic ATen path)"
+    return f"fxfuse._C built against torch {built_against() or '?'}, {cuda}" + (f" [{reason}]" if reason else "")
 
 
 def require() -> None:

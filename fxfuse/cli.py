@@ -15,7 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fxfuse",
         description="Memory-saving fused ops for PyTorch training, and a channels_last auditor.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # --version on one line
     )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -27,6 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     return parser
+
+
+def _version() -> str:
+    import torch
+
+    from . import __version__, _extension
+
+    return f"fxfuse {__version__} (torch {torch.__version__}); {_extension.summary()}"
 
 
 def main(argv: list[str] | None = None) -> int:

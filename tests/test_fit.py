@@ -156,3 +156,20 @@ def test_bad_arguments_are_clear_errors():
         fit.largest_batch(conv_net(), example(), 2**30, how="guessed")
     with pytest.raises(ConfigurationError, match="batch dimension"):
         fit.largest_batch(conv_net(), (3.0,), 2**30)
+
+
+def test_cuda_probe_empties_the_allocator_cache_before_capping(monkeypatch):
+    """Blocks cached before a capped probe would be reused outside the cap (faked CUDA calls: no GPU needed)."""
+    calls = []
+    props = type("Props", (), {"total_memory": 2**34})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 0.5, raising=False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: calls.append(("fraction", f))
+    )
+    monkeypatch.setattr(fit, "train_step", lambda model, inputs: calls.append("step"))
+    fits = fit._fits_cuda(conv_net(), example(), 2**33, torch.device("cuda", 0))
+    assert fits(4)
+    assert calls == ["empty_cache", ("fraction", 0.5), "step", "step", "empty_cache", ("fraction", 0.5)]

@@ -38,3 +38,21 @@ def test_median_step_times_runs_every_variant():
     calls = []
     times = measure.median_step_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3)
     assert set(times) == {"a", "b"} and calls.count("a") == 4  # one warm-up + three timed
+
+
+def test_timed_waits_for_the_device_work_it_times(monkeypatch):
+    from fxfuse.measure import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "synchronize", lambda: calls.append("sync"))
+    seconds = memory.timed(lambda: calls.append("work"))
+    assert calls == ["sync", "work", "sync"] and seconds >= 0
+
+
+def test_median_step_times_synchronizes_around_each_timed_call(monkeypatch):
+    from fxfuse.measure import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "synchronize", lambda: calls.append("sync"))
+    memory.median_step_times({"a": lambda: calls.append("a")}, repeats=2, warmup=0)
+    assert calls == ["sync", "a", "sync"] * 2

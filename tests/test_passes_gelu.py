@@ -154,3 +154,15 @@ def test_report_says_which_mode_chose_each_site():
             row = next(line for line in table.splitlines() if line.startswith(site.name))
             assert f" {report.mode} " in row and site.reason in row
         assert report.to_dict()["fused"][0]["mode"] == report.mode
+
+
+def test_off_the_cpu_gelu_stays_eager_and_says_why(avx2_aten):
+    rewrite, why = runtime.gelu_rule("none", torch.float32, SHAPE, True, device="cuda")
+    assert not rewrite and "measured faster on CPU only" in why
+    meta = torch.empty(SHAPE, device="meta").to(memory_format=torch.channels_last)
+    assert runtime.gelu_is_faster(meta, "none") is False
+    optimized = fxfuse.optimize(ResidualGelu().to("meta"))
+    fused, skipped = _sites(optimized.fxfuse_report)
+    reasons = [s.reason for s in skipped]
+    assert fused == {} and len(reasons) == 3
+    assert all("on meta" in r for r in reasons if "tanh" not in r) and any("on meta" in r for r in reasons)

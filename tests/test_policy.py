@@ -316,3 +316,9 @@ def test_memory_mode_keeps_an_upgrade_whose_next_conv_recomputes_itself():
     optimized = fxfuse.optimize(copy.deepcopy(model), x)
     assert sorted(s.op for s in optimized.fxfuse_report.fused) == ["fxfuse::conv_act", "fxfuse::conv_bn_act"]
     assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_cpu_measured_constants_are_flagged_for_another_device():
+    assert policy.device_notes((torch.randn(2), {"m": torch.empty(2, device="meta")})) == []
+    note = policy.device_note("cuda")
+    assert note.startswith("on cuda:") and "measured on CPU" in note and "fxfuse bench --device cuda" in note

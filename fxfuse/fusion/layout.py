@@ -15,13 +15,14 @@ The report says what was chosen and why.
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
+
+from .. import measure
 
 MEMORY_FORMATS = ("preserve", "channels_last", "auto")
 _TIMING_REPEATS = 2  # after one warm-up round; the fastest counts (others' jobs only add time)
@@ -93,13 +94,16 @@ def _step_seconds(model: nn.Module, inputs: tuple) -> tuple[float, float]:
     converted = copy.deepcopy(model).to(memory_format=torch.channels_last)
     runs = {"current": (current, tuple(inputs)), "channels_last": (converted, to_channels_last(inputs))}
     times: dict[str, list[float]] = {name: [] for name in runs}
+
+    def step(m: nn.Module, x: tuple) -> None:
+        out = m(*x)
+        loss = sum(t.float().sum() for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad)
+        if isinstance(loss, torch.Tensor):
+            loss.backward()
+
     for repeat in range(_TIMING_REPEATS + 1):
         for name, (m, x) in runs.items():
-            start = time.perf_counter()
-            out = m(*x)
-            loss = sum(t.float().sum() for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad)
-            if isinstance(loss, torch.Tensor):
-                loss.backward()
+            seconds = measure.timed(lambda m=m, x=x: step(m, x))
             if repeat:  # the first round warms up
-                times[name].append(time.perf_counter() - start)
+                times[name].append(seconds)
     return min(times["current"]), min(times["channels_last"])

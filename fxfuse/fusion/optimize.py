@@ -406,6 +406,7 @@ def _optimized(
     report.layout = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
     if decision is not None:
         policy.annotate(report, decision)
+        report.notes.extend(policy.device_notes(inputs))
     return report
 
 

@@ -43,9 +43,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import torch
 from torch import nn
 
 from ..errors import ConfigurationError
+from . import ranking
 from .ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select, site_in_region
 from .region_costs import Profile
 from .report import FusedSite, FusionReport, RegionChoice, SkippedSite, format_bytes, format_flops
@@ -59,6 +61,20 @@ RECOMPUTE_OPS = frozenset(
 # per byte it frees. 64 FLOP/B in float32 is a 1×1 conv with 128 input channels per group,
 # or any depthwise conv; a 3×3 conv with 64 input channels costs 288.
 AUTO_MAX_FLOPS_PER_BYTE = 64.0
+
+
+def device_notes(inputs) -> list[str]:
+    """What the report says when the policy's CPU-measured constants rank sites for another device."""
+    devices = sorted({t.device.type for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)})
+    return [device_note(device) for device in devices if device not in ("cpu", "meta")]
+
+
+def device_note(device: str) -> str:
+    return (
+        f"on {device}: the ranking's cost constants (auto's {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B limit, "
+        f"regions' {ranking.REGION_FLOP_COST}x cost per FLOP) were measured on CPU and are not calibrated "
+        f"for {device}; measure the chosen plan with `fxfuse bench --device {device}`"
+    )
 
 
 @dataclass

@@ -273,16 +273,23 @@ def aten_cpu_capability() -> str:
 
 
 def gelu_rule(
-    approximate: str, dtype: Optional[torch.dtype] = None, shape=None, channels_last: bool = False
+    approximate: str,
+    dtype: Optional[torch.dtype] = None,
+    shape=None,
+    channels_last: bool = False,
+    device: str = "cpu",
 ) -> tuple[bool, str]:
-    """(whether fxfuse::gelu was measured faster than F.gelu for such a CPU input, why).
+    """(whether fxfuse::gelu was measured faster than F.gelu for such an input, why).
 
     `channels_last`: the input is channels_last and not also contiguous. The GELU pass
     asks with the example input's metadata (dtype None: not known before run time),
-    `gelu_where_faster` with each call's input.
+    `gelu_where_faster` with each call's input. Only CPU was measured: on another device
+    (`device`, a device type) F.gelu is kept.
     """
     if approximate != "none":
         return False, "approximate='tanh': fxfuse::gelu measured no faster than eager"
+    if device != "cpu":
+        return False, f"on {device}: fxfuse::gelu was measured faster on CPU only, so F.gelu is kept"
     capability = aten_cpu_capability()
     if capability not in GELU_FAST_CAPABILITIES:
         return False, f"ATen runs its {capability} CPU kernels here: fxfuse::gelu measured no faster"
@@ -304,12 +311,12 @@ def gelu_is_faster(input: Tensor, approximate: str) -> bool:
     """Whether fxfuse::gelu was measured faster than F.gelu for a call like this one."""
     return (
         isinstance(input, Tensor)
-        and input.device.type == "cpu"
         and gelu_rule(
             approximate,
             input.dtype,
             input.shape,
             input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous(),
+            input.device.type,
         )[0]
     )
 

@@ -18,6 +18,8 @@ from .memory import (
     saved_activation_bytes_meta,
     step_allocated_peak_bytes,
     step_peak_bytes,
+    synchronize,
+    timed,
     to_meta,
     train_step,
 )
@@ -35,6 +37,8 @@ __all__ = [
     "step_allocated_peak_bytes",
     "step_peak_bytes",
     "step_peak_bytes_meta",
+    "synchronize",
+    "timed",
     "to_meta",
     "train_step",
 ]

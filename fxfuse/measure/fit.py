@@ -194,6 +194,9 @@ def _fits_cuda(model: nn.Module, example_inputs: Sequence[Any], cap_bytes: int, 
     def fits(n: int) -> bool:
         getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # not in every torch
         before = getter(device) if getter is not None else 1.0
+        # Blocks the caching allocator kept from earlier work would be reused outside the cap.
+        gc.collect()
+        torch.cuda.empty_cache()
         torch.cuda.set_per_process_memory_fraction(cap_bytes / total, device)
         try:
             ok = attempt(n)  # the exception and its frames are gone before the cache is emptied

@@ -211,6 +211,23 @@ def train_step(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.O
         model.zero_grad(set_to_none=True)
 
 
+def synchronize() -> None:
+    """Wait for every CUDA device this process has used, so that a host clock read after it counts
+    the device's work and not only the launches (a no-op where CUDA was never initialized)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for device in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds one call of `fn` takes, device work included."""
+    synchronize()
+    start = time.perf_counter()
+    fn()
+    synchronize()
+    return time.perf_counter() - start
+
+
 def median_step_times(steps: dict[str, Callable[[], None]], repeats: int = 5, warmup: int = 1) -> dict[str, float]:
     """Median seconds per call of each function, calls interleaved so drift hits all alike."""
     for fn in steps.values():
@@ -219,7 +236,5 @@ def median_step_times(steps: dict[str, Callable[[], None]], repeats: int = 5, wa
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, fn in steps.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(timed(fn))
     return {name: statistics.median(ts) for name, ts in times.items()}

@@ -38,13 +38,21 @@ def _approximate(node: fx.Node, ctx: PassContext) -> tuple[Optional[str], Option
     return ("tanh" if act.name == "gelu_tanh" else "none"), None
 
 
+def _device_type(root) -> str:
+    """The device type of the model's first parameter or buffer ("cpu" for a model without any)."""
+    for t in (*root.parameters(), *root.buffers()):
+        return t.device.type
+    return "cpu"
+
+
 def _decision(x: fx.Node, approximate: str, ctx: PassContext) -> tuple[bool, str]:
     """(rewrite?, why) for a GELU of `x`, by runtime.gelu_rule on the example input's metadata."""
     meta = ctx.shapes.get(x)
+    device = _device_type(ctx.root)
     if meta is None:
-        return runtime.gelu_rule(approximate)
+        return runtime.gelu_rule(approximate, device=device)
     rewrite, why = runtime.gelu_rule(
-        approximate, meta.dtype, tuple(meta.shape), meta.memory_format == torch.channels_last
+        approximate, meta.dtype, tuple(meta.shape), meta.memory_format == torch.channels_last, device
     )
     return rewrite, f"{why} (at the example input)"
 
