@@ -231,6 +231,9 @@ def bn_act_conv_module(
         x = bn_act_module(y, bn, act, act_param)
         return conv(x) if out_bn is None else conv_bn_act_module(x, conv, out_bn, out_act, out_act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
+    if batch_stats:
+        # Eager's first BN raises on a batch of one value per channel before the second BN counts its batch.
+        F._verify_batch_size(y.size())
     second = {}
     if out_bn is not None:
         out_mean, out_var, out_batch_stats, out_momentum = bn_call_config(out_bn)
