@@ -1,4 +1,5 @@
-"""Conv→BN(→act) sites whose conv output is also read for its metadata only (rank, shape, dtype, device)."""
+"""Conv→BN(→act) sites: conv outputs also read for their metadata only (rank, shape, dtype, device), and mixed
+forms (a conv traced to F.conv2d then a BN module; a conv module then F.batch_norm)."""
 
 import copy
 
@@ -96,3 +97,74 @@ def test_output_like_has_the_conv_outputs_metadata_and_no_data(autocast):
         real = conv(x)
     assert (like.shape, like.dtype, like.device) == (real.shape, real.dtype, real.device)
     assert like.untyped_storage().nbytes() <= like.element_size()
+
+
+class SamePaddingConv(nn.Conv2d):
+    """efficientnet_pytorch's Conv2dStaticSamePadding shape: an nn.Conv2d subclass whose own forward pads and
+    calls F.conv2d on its parameters, so fxfuse traces through it."""
+
+    def __init__(self, cin, cout, k, stride=1, groups=1):
+        super().__init__(cin, cout, k, stride=stride, groups=groups, bias=False)
+        self.pad = nn.ZeroPad2d((k - 1) // 2)
+
+    def forward(self, x):
+        return F.conv2d(self.pad(x), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
+
+class ConvSubclassThenBN(nn.Module):
+    def __init__(self, act=nn.SiLU):
+        super().__init__()
+        self.conv1, self.bn1, self.act1 = SamePaddingConv(3, 8, 3), nn.BatchNorm2d(8), act()
+        self.conv2, self.bn2 = SamePaddingConv(8, 8, 3, stride=2, groups=8), nn.BatchNorm2d(8, momentum=None)
+
+    def forward(self, x):
+        return self.bn2(self.conv2(self.act1(self.bn1(self.conv1(x))))).mean((2, 3))
+
+
+class ConvModuleThenFunctionalBN(nn.Module):
+    def __init__(self, padding_mode="zeros"):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, padding_mode=padding_mode)
+        self.register_buffer("mean", torch.zeros(8))
+        self.register_buffer("var", torch.ones(8))
+        self.weight, self.bias = nn.Parameter(torch.rand(8) + 0.5), nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        y = F.batch_norm(self.conv(x), self.mean, self.var, self.weight, self.bias, self.training, 0.1, 1e-5)
+        return F.relu(y).mean((2, 3))
+
+
+def _fused_ops(model):
+    return [(s.modules, s.op) for s in model.fxfuse_report.fused]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        ConvSubclassThenBN,
+        lambda: ConvSubclassThenBN(nn.ReLU),
+        ConvModuleThenFunctionalBN,
+        lambda: ConvModuleThenFunctionalBN("reflect"),
+    ],
+    ids=["conv-subclass-bn-module-silu", "conv-subclass-bn-module-relu", "conv-module-F.batch_norm", "reflect"],
+)
+def test_mixed_forms_are_fused_and_exact(make):
+    model, x = make(), torch.randn(2, 3, 9, 9)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    ops_used = [op for _, op in _fused_ops(optimized)]
+    assert ops_used and all(op == "fxfuse::conv_bn_act" for op in ops_used), optimized.fxfuse_report.skipped
+    assert not [s for s in optimized.fxfuse_report.skipped if "conv2d" in s.pattern]
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_mixed_form_reads_the_bn_module_at_call_time():
+    model, x = ConvSubclassThenBN(), torch.randn(2, 3, 9, 9, dtype=torch.double)
+    model = model.double()
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    for m in (model, optimized):
+        m.bn1.eps, m.bn1.momentum = 1e-3, 0.5
+        with torch.no_grad():
+            m.bn1.weight.mul_(2)
+    assert_equivalent(model, optimized, x)
+    optimized(x)
+    assert optimized.bn1.num_batches_tracked.item() == 1 and optimized.bn2.num_batches_tracked.item() == 1

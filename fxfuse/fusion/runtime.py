@@ -68,25 +68,41 @@ def conv_bn_act_module(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: str,
     ):
         return _eager_bn_act(conv(x), bn, act, act_param)
     x, padding = _conv_input(x, conv)
+    return conv2d_bn_module_act(
+        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, bn, act, act_param
+    )
+
+
+def conv2d_bn_module_act(
+    input: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, groups: int,
+    bn: nn.BatchNorm2d, act: str, act_param: float,
+) -> Tensor:  # fmt: skip
+    """`act(bn(F.conv2d(input, weight, bias, ...)))` with `bn` a BatchNorm module (a conv traced to F.conv2d,
+    e.g. an nn.Conv2d subclass's own forward, then a BN module), keeping only `input` for backward.
+    The BN's parameters, buffers and flags are read at call time, as its forward reads them."""
+    if not (layer_kernels_apply(input, (weight, bias), _bn_tensors(bn)) and bn.num_features == weight.shape[0]):
+        return _eager_bn_act(F.conv2d(input, weight, bias, stride, padding, dilation, groups), bn, act, act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
     return ops.conv_bn_act(
-        x,
-        conv.weight,
-        conv.bias,
-        conv.stride,
-        padding,
-        conv.dilation,
-        conv.groups,
-        running_mean,
-        running_var,
-        bn.weight,
-        bn.bias,
-        batch_stats,
-        momentum,
-        bn.eps,
-        act,
-        act_param,
-    )
+        input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn.weight, bn.bias,
+        batch_stats, momentum, bn.eps, act, act_param,
+    )  # fmt: skip
+
+
+def conv_module_batch_norm_act(
+    x: Tensor, conv: nn.Conv2d, running_mean=None, running_var=None, bn_weight=None, bn_bias=None,
+    training: bool = False, momentum: float = 0.1, eps: float = 1e-5, act: str = "none", act_param: float = 0.0,
+) -> Tensor:  # fmt: skip
+    """`act(F.batch_norm(conv(x), ...))` with `conv` an nn.Conv2d module (its padding mode and timm's
+    "same" padding applied as its forward applies them), keeping only `x` for backward."""
+    if not (isinstance(x, Tensor) and x.dim() == 4 and x.shape[1] == conv.in_channels):
+        y = F.batch_norm(conv(x), running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+        return apply_activation(y, act, act_param)
+    x, padding = _conv_input(x, conv)
+    return ops.conv_bn_act(
+        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, running_mean, running_var,
+        bn_weight, bn_bias, training, momentum, eps, act, act_param,
+    )  # fmt: skip
 
 
 def conv2d_output_like(

@@ -17,7 +17,6 @@ from . import estimates
 from .calls import ActivationUse, LayerCall, as_batch_norm, as_conv, bn_activation, conv_arguments, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
-from .known_modules import is_conv2d_same
 from .matchers import first_input, reads_only_metadata, site_name
 
 REASON = "keeps the conv input; recomputes conv, BN-apply and activation in backward"
@@ -29,6 +28,19 @@ def _build(conv: LayerCall, bn: LayerCall, act: Optional[ActivationUse], ctx: Pa
         return ctx.graph.call_function(
             runtime.conv_bn_act_module,
             (conv.input, ctx.get_attr(conv.name), ctx.get_attr(bn.name), act_name, act_param),
+        )
+    if bn.module is not None:  # a conv traced to F.conv2d, then a BN module
+        a = conv.args
+        return ctx.graph.call_function(
+            runtime.conv2d_bn_module_act,
+            (a["input"], a["weight"], a["bias"], a["stride"], a["padding"], a["dilation"], a["groups"]),
+            dict(bn=ctx.get_attr(bn.name), act=act_name, act_param=act_param),
+        )
+    bn_kwargs = {k: bn.args[k] for k in ("running_mean", "running_var", "training", "momentum", "eps")}
+    bn_kwargs.update(bn_weight=bn.args["weight"], bn_bias=bn.args["bias"], act=act_name, act_param=act_param)
+    if conv.module is not None:  # a conv module, then F.batch_norm
+        return ctx.graph.call_function(
+            runtime.conv_module_batch_norm_act, (conv.input, ctx.get_attr(conv.name)), bn_kwargs
         )
     kwargs = conv_arguments(conv, ctx)
     kwargs.update(
@@ -68,13 +80,6 @@ def _redirect_metadata(conv: LayerCall, users: list[fx.Node], ctx: PassContext) 
 def _problem(conv: LayerCall, bn: LayerCall) -> Optional[str]:
     if _metadata_users(conv, bn.node) is None:
         return "the conv output has other users, so it must be kept anyway"
-    if bn.module is not None and conv.module is None:
-        return "F.conv2d followed by a BatchNorm2d module is not fused (mixed forms)"
-    if conv.module is not None and bn.module is None:
-        if is_conv2d_same(conv.module):
-            return "timm Conv2dSame followed by F.batch_norm is not fused (mixed forms)"
-        if conv.module.padding_mode != "zeros":
-            return f"padding_mode={conv.module.padding_mode!r} conv followed by F.batch_norm is not fused"
     return None
 
 
