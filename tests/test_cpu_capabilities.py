@@ -5,7 +5,8 @@ ATEN_CPU_CAPABILITY lowers the choice; fxfuse's hand-written kernels follow it
 (baseline build for DEFAULT, AVX2 build otherwise). The main pytest run covers the
 capability this process got; this test reruns the op-level files in a subprocess for
 each other capability the CPU supports, so an AVX2 machine also exercises DEFAULT and
-an AVX-512 machine all three.
+an AVX-512 machine all three. A capability whose eager ATen ops die on a signal here (CPUID
+bits the OS has not enabled: cpu_probe.py) is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import cpu_probe
 import pytest
 import torch
 
@@ -39,27 +41,15 @@ pytestmark = [
 
 
 def _env(capability):
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, FXFUSE_CAPABILITY_RUN=capability)
+    env = dict(cpu_probe.env_for(capability), FXFUSE_CAPABILITY_RUN=capability)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     return env
 
 
-def _picked(capability):
-    """The capability ATen runs with ATEN_CPU_CAPABILITY=capability ("DEFAULT", "AVX2",
-    ...); ATen falls back to what the CPU has when it lacks the one asked for."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-        env=_env(capability),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
-
-
 @pytest.mark.parametrize("capability", CAPABILITIES)
 def test_op_tests_under_capability(capability):
-    picked = _picked(capability)
+    # ATen falls back to what the CPU has when it lacks the capability asked for.
+    picked = cpu_probe.skip_unless_runs(capability).picked
     if picked != capability.upper():
         pytest.skip(f"this CPU cannot run ATen's {capability} kernels (ATen picks {picked})")
     if picked == torch.backends.cpu.get_cpu_capability():

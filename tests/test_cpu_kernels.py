@@ -9,11 +9,11 @@ torch.ops.fxfuse_generic.*.
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import sys
 import textwrap
 
+import cpu_probe
 import pytest
 import torch
 import torch.nn.functional as F
@@ -646,7 +646,8 @@ _DEFAULT_CAPABILITY_SCRIPT = textwrap.dedent(
 def test_default_capability_build():
     """ATEN_CPU_CAPABILITY=default makes fxfuse use the baseline (non-AVX2) build of
     the kernels; it must agree with the generic kernels too."""
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    cpu_probe.skip_unless_runs("default")
+    env = cpu_probe.env_for("default")
     res = subprocess.run(
         [sys.executable, "-c", _DEFAULT_CAPABILITY_SCRIPT],
         env=env,

@@ -9,11 +9,11 @@ reachable as torch.ops.fxfuse_generic.gelu / gelu_backward.
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import sys
 import textwrap
 
+import cpu_probe
 import pytest
 import torch
 import torch.nn.functional as F
@@ -297,7 +297,8 @@ _DEFAULT_CAPABILITY_SCRIPT = textwrap.dedent(
 
 def test_gelu_default_capability_build():
     """ATEN_CPU_CAPABILITY=default selects the baseline (non-AVX2) build of the kernels."""
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    cpu_probe.skip_unless_runs("default")
+    env = cpu_probe.env_for("default")
     res = subprocess.run(
         [sys.executable, "-c", _DEFAULT_CAPABILITY_SCRIPT], env=env, capture_output=True, text=True, timeout=120
     )

@@ -10,6 +10,7 @@
 
 #include "activation_ops.h"
 #include "bn_act.h"
+#include "cpu/capability.h"
 
 namespace {
 // Schemas that the test-only namespaces at the end share with torch.ops.fxfuse.
@@ -190,8 +191,34 @@ TORCH_LIBRARY(fxfuse_elementwise, m) {
   m.def(kBnActBackward, &fxfuse::bn_act_backward_elementwise_host);
 }
 
-// `import fxfuse._C` runs the registrations above; the module itself is empty.
+// `import fxfuse._C` runs the registrations above. The module holds only what the tests
+// ask about the CPU kernels' build selection (cpu/capability.h).
+namespace {
+PyObject* py_cpu_id(PyObject*, PyObject*) {
+  const fxfuse::cpu::CpuId id = fxfuse::cpu::read_cpu_id();
+  return Py_BuildValue("(IIK)", id.leaf1_ecx, id.leaf7_ebx, static_cast<unsigned long long>(id.xcr0));
+}
+
+PyObject* py_avx2_fma_usable(PyObject*, PyObject* args) {
+  unsigned int leaf1_ecx = 0, leaf7_ebx = 0;
+  unsigned long long xcr0 = 0;
+  if (!PyArg_ParseTuple(args, "IIK", &leaf1_ecx, &leaf7_ebx, &xcr0)) return nullptr;
+  return PyBool_FromLong(fxfuse::cpu::avx2_fma_usable({leaf1_ecx, leaf7_ebx, xcr0}));
+}
+
+PyObject* py_cpu_kernel_build(PyObject*, PyObject*) {
+  return PyUnicode_FromString(fxfuse::cpu::kernel_build().c_str());
+}
+
+PyMethodDef methods[] = {
+    {"_cpu_id", py_cpu_id, METH_NOARGS, "(CPUID.1:ECX, CPUID.7.0:EBX, XCR0) of this CPU"},
+    {"_avx2_fma_usable", py_avx2_fma_usable, METH_VARARGS,
+     "Whether the AVX2 kernels can run given (CPUID.1:ECX, CPUID.7.0:EBX, XCR0)"},
+    {"_cpu_kernel_build", py_cpu_kernel_build, METH_NOARGS, "The CPU kernel build in use: 'AVX2' or 'DEFAULT'"},
+    {nullptr, nullptr, 0, nullptr}};
+}  // namespace
+
 PyMODINIT_FUNC PyInit__C(void) {
-  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fxfuse C++ operators", -1, nullptr};
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fxfuse C++ operators", -1, methods};
   return PyModule_Create(&module);
 }
