@@ -8,6 +8,7 @@ Environment:
 
 import glob
 import os
+import sys
 
 from setuptools import setup
 
@@ -34,6 +35,7 @@ def _cuda_decision():
 
     spec = importlib.util.spec_from_file_location("_cuda_build", os.path.join(HERE, "fxfuse", "_cuda_build.py"))
     build = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = build  # dataclasses look their module up there
     spec.loader.exec_module(build)
     nvcc = build.find_nvcc(os.environ)
     return build.decide(os.environ, torch.version.cuda, nvcc, build.release_of(nvcc) if nvcc else None)
