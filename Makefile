@@ -40,11 +40,12 @@ test: $(BUILT) cuda-check lint
 zoo: $(BUILT)
 	$(PY) -m pytest -q -m "" tests/test_timm_zoo.py tests/test_torchvision_dense.py tests/test_accuracy.py $(PYTEST_ARGS)
 
-# The README's timm zoo coverage table.
+# The timm zoo coverage table of docs/results.md.
 zoo-coverage: $(BUILT)
 	$(PY) benchmarks/zoo_coverage.py
 
-# ruff (configured in pyproject.toml): lint rules and the formatter's style.
+# ruff (configured in pyproject.toml): lint rules and the formatter's style; ruff format also checks
+# the python code blocks of every Markdown file (README.md, CHANGELOG.md, docs/*.md).
 lint: $(DEPS)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -55,7 +56,7 @@ demo: $(BUILT)
 bench: $(BUILT)
 	$(PY) benchmarks/bench_resnet50.py
 
-# torch.compile vs torch.compile(fxfuse.optimize(model)), ResNet-50 batch 8, channels_last (README "torch.compile").
+# torch.compile vs torch.compile(fxfuse.optimize(model)), ResNet-50 batch 8, channels_last (docs/results.md "torch.compile").
 bench-compile: $(BUILT)
 	$(PY) -m fxfuse bench torchvision:resnet50 --input-shape 8,3,224,224 --modes memory \
 		--with compile,compile-fxfuse,compile-fxfuse-composed

@@ -1,4 +1,4 @@
-"""Conv→BN coverage of fxfuse.optimize on the model zoo: the README's "timm zoo coverage" table.
+"""Conv→BN coverage of fxfuse.optimize on the model zoo: the "timm zoo coverage" table of docs/results.md.
 
     python benchmarks/zoo_coverage.py [--per-model] [--models a,b] [--json out.json] [--threads 1]
 

@@ -1,7 +1,7 @@
 """The timm model zoo that fxfuse is checked on: which models, which family, which input.
 
 Shared by tests/test_timm_zoo.py (exactness, coverage) and benchmarks/zoo_coverage.py
-(the README coverage table), so that the table describes exactly the models the tests
+(the coverage table in docs/results.md), so that the table describes exactly the models the tests
 check. The smallest variant of each family, at a small resolution and batch 2: the
 feature maps' BatchNorms see at least 2x2 spatial, i.e. 8 values per channel. Models that
 batch-normalise 1x1 features (pooled, or a head that reaches 1x1) run at batch 4 (marked

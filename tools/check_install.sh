@@ -9,7 +9,7 @@ work=${1:-$(mktemp -d)}
 python3 -m venv "$work/venv"
 py=$work/venv/bin/python
 # torch first: the extension must be compiled against the torch that will run it.
-"$py" -m pip install --quiet torch==2.14.1 torchvision==0.29.1 setuptools wheel ninja
+"$py" -m pip install --quiet torch==2.14.1 torchvision==0.29.1 "setuptools>=77" wheel ninja
 start=$(date +%s)
 "$py" -m pip wheel --quiet --no-build-isolation --no-deps --wheel-dir "$work/dist" "$root"
 echo "wheel build: $(( $(date +%s) - start )) s"

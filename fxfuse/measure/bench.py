@@ -1,7 +1,7 @@
 """Side-by-side measurement of eager, fxfuse and the peers users would pick instead, in one process.
 
 Used by `fxfuse bench`, `make demo` and the benchmark scripts, so every number in the
-README comes from the same code. Every row is also a ratio to the baseline: the
+README and docs/results.md comes from the same code. Every row is also a ratio to the baseline: the
 faster of the eager variants measured in the same run (for CNNs on CPU, channels_last
 eager is often 1.5x faster than NCHW eager, and it is what a careful user runs).
 Memory held at the end of forward and the peak of a train step are the allocator's own
