@@ -24,8 +24,9 @@ from torch import nn
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
 from . import example_inputs as _example_inputs
-from . import layout, policy, region_costs, shapes, tracing
+from . import layout, policy, region_costs, shapes, tracing, user_checkpoint
 from .passes import PassContext, regions, run_passes
+from .passes.driver import SITE_META
 from .report import FusionReport, SkippedSite
 
 _STATE = "_fxfuse_state"
@@ -172,6 +173,8 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
         set(state.options.allowed) if state.options.allowed is not None else None,
     )
     run_passes(ctx)
+    if traced.user_checkpoints:
+        report.notes.extend(user_checkpoint.extract(traced.graph, traced.user_checkpoints, SITE_META))
     if state.options.regions:
         report.notes.extend(regions.apply(traced.graph, root, state.options.regions, state.options.flat_links))
     state.fx_graphs[_key(state)] = traced.graph
