@@ -83,14 +83,20 @@ class _State:
 
     options: Options
     key_modules: list[nn.Module]
+    key_flags: list[tuple[nn.Module, str]] = field(default_factory=list)  # checkpointing switches of traced modules
     graphs: dict[tuple, Callable] = field(default_factory=dict)
     reports: dict[tuple, FusionReport] = field(default_factory=dict)
     fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
     last_leaf_failures: dict[str, str] = field(default_factory=dict)
 
 
+# The switches timm (`set_grad_checkpointing`) and HF transformers (`gradient_checkpointing_enable`) read in
+# forward to call torch.utils.checkpoint: like `training`, tracing bakes them into the graph.
+_CHECKPOINT_FLAGS = ("grad_checkpointing", "gradient_checkpointing")
+
+
 def _key(state: _State) -> tuple:
-    return tuple(m.training for m in state.key_modules)
+    return tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
 
 
 def _fused_forward(self, *args, **kwargs):
@@ -154,6 +160,7 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
     for path in traced.traced_modules:
         if all(modules[path] is not m for m in state.key_modules):
             state.key_modules.append(modules[path])
+            state.key_flags.extend((modules[path], a) for a in _CHECKPOINT_FLAGS if hasattr(modules[path], a))
             state.graphs.clear()
     report = FusionReport(state.options.mode)
     for path, reason in traced.leaf_failures.items():

@@ -47,8 +47,9 @@ class Spec:
     """One checkpoint call met while tracing."""
 
     index: int
-    what: str  # the checkpointed function, for the report: a module path, or a function's name
+    what: str  # the module the checkpointed function runs, for the report ("": not a module)
     options: dict[str, Any] = field(default_factory=dict)  # the keyword options given to checkpoint
+    function: str = ""  # the checkpointed function's name
 
 
 def begin(index: int, *args: Any) -> None:
@@ -84,7 +85,7 @@ def intercepting(tracer: fx.Tracer, specs: list[Spec]):
 
     def traced(function, args, kwargs, **options):
         _check_like_eager(kwargs, options)
-        spec = Spec(len(specs), _describe(tracer, function), dict(options))
+        spec = Spec(len(specs), _describe(tracer, function), dict(options), _name_of(function))
         specs.append(spec)
         user_args = tuple(a.node for a in args if isinstance(a, fx.Proxy))
         start = tracer.graph.call_function(begin, (spec.index, *user_args))
@@ -104,16 +105,18 @@ def intercepting(tracer: fx.Tracer, specs: list[Spec]):
 
 
 def _describe(tracer: fx.Tracer, function: Any) -> str:
-    while isinstance(function, functools.partial):
-        function = function.func
-    owner = getattr(function, "__self__", function)
-    if isinstance(owner, nn.Module):
-        try:
-            path = tracer.path_of_module(owner) or "<root>"
-        except NameError:  # a module that is not part of the model
-            path = type(owner).__name__
-        return path if owner is function else f"{path}.{function.__name__}"
-    return getattr(function, "__qualname__", type(function).__name__)
+    """The module a checkpointed function runs (a module, its bound method, a partial of its class's method),
+    else "" (extract then names the region by the modules it calls)."""
+    owner = function
+    while isinstance(owner, functools.partial):
+        owner = owner.args[0] if owner.args and isinstance(owner.args[0], nn.Module) else owner.func
+    owner = getattr(owner, "__self__", owner)
+    if not isinstance(owner, nn.Module):
+        return ""
+    try:
+        return tracer.path_of_module(owner) or "<root>"
+    except NameError:  # a module that is not part of the model
+        return type(owner).__name__
 
 
 def one_region(nodes: Iterable[fx.Node]) -> bool:
@@ -177,19 +180,29 @@ def extract(graph: fx.Graph, specs: list[Spec], site_key: str) -> list[str]:
                 if cursor.op != "get_attr":
                     members.append(cursor)
                 cursor = cursor.next
-            fused = sum(1 for n in members if site_key in n.meta)
+            fused = sum(1 for n in members if site_key in n.meta or _is_fxfuse_call(n))
             user_args = list(start.args[1:])
             graph.erase_node(node)
             graph.erase_node(start)
             if not members:
                 continue
-            name = f"checkpoint({spec.what})"
+            name = f"checkpoint({spec.what or _span(members) or spec.function})"
             call = _extract_one(graph, name, members, user_args, spec, regions, tracing)
             kind = "reentrant" if call.reentrant else "non-reentrant"
             notes.append(
                 f"{name}: the model's own torch.utils.checkpoint ({kind}) kept as a checkpoint region, "
-                f"{fused} fused site(s) inside"
+                f"{fused} fused call(s) inside"
             )
+            if fused and not call.reentrant and spec.options.get("early_stop", True):
+                # fxfuse's BatchNorm ops update running statistics after saving their tensors: an early stop
+                # right after the last save would skip that update, which eager's recompute makes.
+                call.options["early_stop"] = False
+                notes.append(
+                    f"{name}: its recompute runs to the region's end (early_stop=False), so that fxfuse's fused "
+                    "BatchNorm calls update running statistics again as eager's do; an op after the region's "
+                    "last saved tensor that changes state without saving one would run twice where eager's "
+                    "early stop runs it once"
+                )
     for node in list(graph.nodes):
         if node.op == "get_attr" and not node.users:
             graph.erase_node(node)
@@ -201,6 +214,29 @@ def extract(graph: fx.Graph, specs: list[Spec], site_key: str) -> list[str]:
     return notes
 
 
+def _name_of(function: Any) -> str:
+    while isinstance(function, functools.partial):
+        function = function.func
+    return getattr(function, "__qualname__", type(function).__name__)
+
+
+def _span(members: list[fx.Node]) -> str:
+    """`first…last` of the outermost modules a region's nodes were traced in."""
+    paths = []
+    for node in members:
+        stack = [path for path, _ in node.meta.get("nn_module_stack", {}).values()]
+        outer = stack[0] if stack else str(node.target) if node.op == "call_module" else None
+        if outer is not None and outer not in paths:
+            paths.append(outer)
+    if not paths:
+        return ""
+    return paths[0] if len(paths) == 1 else f"{paths[0]}…{paths[-1]}"
+
+
+def _is_fxfuse_call(node: fx.Node) -> bool:
+    return node.op == "call_function" and str(getattr(node.target, "__module__", "")).startswith("fxfuse.")
+
+
 def _extract_one(graph, name, members, user_args, spec, regions, tracing) -> CheckpointCall:
     inside = set(members)
     captured: dict[fx.Node, None] = {}
@@ -210,7 +246,7 @@ def _extract_one(graph, name, members, user_args, spec, regions, tracing) -> Che
                 captured[arg] = None
     outputs = [n for n in members if any(u not in inside for u in n.users)]
     sub, components = regions.subgraph(members, [*user_args, *captured], outputs)
-    call = CheckpointCall(name, tracing.compile_graph(sub), components, spec.options)
+    call = CheckpointCall(name, tracing.compile_graph(sub), components, dict(spec.options))
     with graph.inserting_before(members[-1].next):
         parts = tuple(graph.get_attr(c) for c in components)
         new = graph.call_function(call, (parts, tuple(captured), *user_args))
