@@ -24,8 +24,9 @@ from torch import nn
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
 from . import example_inputs as _example_inputs
-from . import layout, policy, region_costs, shapes, tracing
+from . import layout, policy, region_costs, shapes, tracing, user_checkpoint
 from .passes import PassContext, regions, run_passes
+from .passes.driver import SITE_META
 from .report import FusionReport, SkippedSite
 
 _STATE = "_fxfuse_state"
@@ -82,14 +83,20 @@ class _State:
 
     options: Options
     key_modules: list[nn.Module]
+    key_flags: list[tuple[nn.Module, str]] = field(default_factory=list)  # checkpointing switches of traced modules
     graphs: dict[tuple, Callable] = field(default_factory=dict)
     reports: dict[tuple, FusionReport] = field(default_factory=dict)
     fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
     last_leaf_failures: dict[str, str] = field(default_factory=dict)
 
 
+# The switches timm (`set_grad_checkpointing`) and HF transformers (`gradient_checkpointing_enable`) read in
+# forward to call torch.utils.checkpoint: like `training`, tracing bakes them into the graph.
+_CHECKPOINT_FLAGS = ("grad_checkpointing", "gradient_checkpointing")
+
+
 def _key(state: _State) -> tuple:
-    return tuple(m.training for m in state.key_modules)
+    return tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
 
 
 def _fused_forward(self, *args, **kwargs):
@@ -153,6 +160,7 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
     for path in traced.traced_modules:
         if all(modules[path] is not m for m in state.key_modules):
             state.key_modules.append(modules[path])
+            state.key_flags.extend((modules[path], a) for a in _CHECKPOINT_FLAGS if hasattr(modules[path], a))
             state.graphs.clear()
     report = FusionReport(state.options.mode)
     for path, reason in traced.leaf_failures.items():
@@ -172,6 +180,8 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
         set(state.options.allowed) if state.options.allowed is not None else None,
     )
     run_passes(ctx)
+    if traced.user_checkpoints:
+        report.notes.extend(user_checkpoint.extract(traced.graph, traced.user_checkpoints, SITE_META))
     if state.options.regions:
         report.notes.extend(regions.apply(traced.graph, root, state.options.regions, state.options.flat_links))
     state.fx_graphs[_key(state)] = traced.graph

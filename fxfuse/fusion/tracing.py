@@ -12,7 +12,9 @@
  * a submodule that cannot be traced through becomes a leaf instead of failing the
    whole trace: the partial trace is rolled back and the reason recorded;
  * it records which modules were traced through: their `training` flags are baked
-   into the graph, so the optimized model keys its graphs on them.
+   into the graph, so the optimized model keys its graphs on them;
+ * the model's own `torch.utils.checkpoint` calls are traced as marked regions that
+   stay checkpoint calls in the rewritten graph (user_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import TracingError
+from . import user_checkpoint
 from .passes.known_modules import is_known_leaf
 from .state_guard import StateGuard
 
@@ -40,6 +43,7 @@ class TraceResult:
     graph: fx.Graph
     traced_modules: list[str]  # qualified names of modules traced through (root is "")
     leaf_failures: dict[str, str] = field(default_factory=dict)  # module path -> why it became a leaf
+    user_checkpoints: list[user_checkpoint.Spec] = field(default_factory=list)  # the model's own checkpoint calls
 
 
 class FxFuseTracer(fx.Tracer):
@@ -50,6 +54,7 @@ class FxFuseTracer(fx.Tracer):
         self.guard = guard
         self.leaf_failures: dict[str, str] = {}
         self.traced_modules: list[str] = []
+        self.user_checkpoints: list[user_checkpoint.Spec] = []
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_failures:
@@ -124,13 +129,14 @@ def trace(root: nn.Module, forward_class: type | None = None) -> TraceResult:
     root.__class__ = forward_class or cls
     guard.begin(root)
     try:
-        graph = tracer.trace(root)
+        with user_checkpoint.intercepting(tracer, tracer.user_checkpoints):
+            graph = tracer.trace(root)
     finally:
         root.__class__ = cls
         changed = guard.end()
     if changed:
         raise TracingError(f"{type(root).__name__}: {_ChangesState(changed)}")
-    return TraceResult(graph, [""] + tracer.traced_modules, dict(tracer.leaf_failures))
+    return TraceResult(graph, [""] + tracer.traced_modules, dict(tracer.leaf_failures), tracer.user_checkpoints)
 
 
 def compile_graph(graph: fx.Graph):

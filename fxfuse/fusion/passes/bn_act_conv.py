@@ -20,7 +20,7 @@ from typing import Optional
 import torch.fx as fx
 from torch import nn
 
-from .. import runtime
+from .. import runtime, user_checkpoint
 from . import estimates
 from .context import PassContext
 from .driver import SITE_META as SITE
@@ -75,10 +75,14 @@ def run(ctx: PassContext) -> int:
         if len(node.users) != 1 or node.kwargs:
             continue
         user = next(iter(node.users))
+        if not user_checkpoint.one_region((node, user)):
+            continue
         new = _merge(ctx, node, user)
         if new is None:
             continue
-        new.meta.update({k: v for k, v in user.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        new.meta.update(
+            {k: v for k, v in user.meta.items() if k in ("nn_module_stack", "stack_trace", user_checkpoint.KEY)}
+        )
         if user in ctx.shapes:
             ctx.shapes[new] = ctx.shapes[user]
         if SITE in user.meta:

@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 
 import torch.fx as fx
 
+from .. import user_checkpoint
 from ..report import FusedSite, SkippedSite
 from .context import PassContext
 from .rewrite import replace_chain
@@ -55,6 +56,9 @@ class FusionPass:
                 continue
             if site.problem:
                 ctx.report.skipped.append(SkippedSite(site.names, site.pattern, site.problem))
+                continue
+            if not user_checkpoint.one_region((*site.chain, *site.also_replace)):
+                ctx.report.skipped.append(SkippedSite(site.names, site.pattern, user_checkpoint.CROSSES))
                 continue
             if ctx.allowed is not None and site.names not in ctx.allowed:
                 continue

@@ -19,7 +19,7 @@ import torch.fx as fx
 from torch import nn
 
 from ... import ops
-from .. import runtime
+from .. import runtime, user_checkpoint
 from .context import PassContext
 from .matchers import has_hooks
 from .rewrite import replace_chain
@@ -62,6 +62,8 @@ def run(ctx: PassContext) -> int:
             fresh, other = b, a
         else:
             continue
+        if not user_checkpoint.one_region((fresh, node)):
+            continue  # a region's output is not written in place outside it
         replace_chain(
             ctx.graph,
             [node],

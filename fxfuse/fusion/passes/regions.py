@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 import torch.fx as fx
 from torch import nn
 
-from .. import recompute, runtime, tracing
+from .. import recompute, runtime, tracing, user_checkpoint
 from .inplace_add import plain_batch_norm
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -126,6 +126,8 @@ def _region(name: str, kind: str, nodes: list[fx.Node], modules: dict[str, nn.Mo
     region.modules = _touched_modules(nodes, modules)
     if len(outputs) != 1:
         region.problem = f"{len(outputs)} of its values are used after it (a region has one output)"
+    if any(isinstance(n.target, user_checkpoint.CheckpointCall) for n in nodes):
+        region.problem = user_checkpoint.WINS
     return region
 
 
@@ -170,12 +172,17 @@ def _fuse_batch_norms(graph: fx.Graph, nodes: list[fx.Node], modules: dict[str, 
     return out
 
 
-def extract(graph: fx.Graph, name: str, nodes: list[fx.Node], module_paths: Sequence[str]) -> fx.Node:
-    """Replace the consecutive `nodes` (one output) by a RegionCall node running a compiled copy of them."""
-    inputs, outputs = _boundary(nodes)
-    (output,) = outputs
+def subgraph(
+    nodes: Sequence[fx.Node], inputs: Sequence[fx.Node], outputs: Sequence[fx.Node]
+) -> tuple[fx.Graph, tuple[str, ...]]:
+    """A graph of its own computing `nodes` from `inputs` (one placeholder each, in order; a node given twice
+    is read from its first) and returning `outputs` (one node: itself, else a tuple), and the components:
+    the first part of every attribute path it reads (`layer1` for `layer1.0.conv1`), which the caller passes
+    as the compiled graph's owner."""
     sub = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {n: sub.placeholder(n.name) for n in inputs}
+    env: dict[fx.Node, fx.Node] = {}
+    for i, n in enumerate(inputs):
+        env.setdefault(n, sub.placeholder(f"{n.name}_{i}"))
     components: dict[str, None] = {}
 
     def lookup(n: fx.Node) -> fx.Node:
@@ -188,8 +195,16 @@ def extract(graph: fx.Graph, name: str, nodes: list[fx.Node], module_paths: Sequ
         if node.op == "call_module":
             components[str(node.target).split(".")[0]] = None
         env[node] = sub.node_copy(node, lookup)
-    sub.output(env[output])
-    call = recompute.RegionCall(name, tracing.compile_graph(sub), tuple(components), tuple(module_paths))
+    sub.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[o] for o in outputs))
+    return sub, tuple(components)
+
+
+def extract(graph: fx.Graph, name: str, nodes: list[fx.Node], module_paths: Sequence[str]) -> fx.Node:
+    """Replace the consecutive `nodes` (one output) by a RegionCall node running a compiled copy of them."""
+    inputs, outputs = _boundary(nodes)
+    (output,) = outputs
+    sub, components = subgraph(nodes, inputs, outputs)
+    call = recompute.RegionCall(name, tracing.compile_graph(sub), components, tuple(module_paths))
     with graph.inserting_before(nodes[0]):
         parts = tuple(graph.get_attr(c) for c in components)
         new = graph.call_function(call, (parts, *inputs))

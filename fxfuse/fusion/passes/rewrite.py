@@ -6,6 +6,8 @@ from typing import Callable, Sequence
 
 import torch.fx as fx
 
+from ..user_checkpoint import KEY
+
 
 def replace_chain(
     graph: fx.Graph, chain: Sequence[fx.Node], build: Callable[[], fx.Node], also_replace: Sequence[fx.Node] = ()
@@ -19,7 +21,7 @@ def replace_chain(
     last = chain[-1]
     with graph.inserting_before(last):
         new = build()
-    new.meta.update({k: v for k, v in last.meta.items() if k in ("nn_module_stack", "stack_trace")})
+    new.meta.update({k: v for k, v in last.meta.items() if k in ("nn_module_stack", "stack_trace", KEY)})
     for node in (last, *also_replace):
         node.replace_all_uses_with(new)
     for node in reversed(chain):

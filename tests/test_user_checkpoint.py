@@ -1,0 +1,296 @@
+"""The model's own torch.utils.checkpoint calls (fusion/user_checkpoint.py): kept as checkpoint regions,
+fused inside, with eager's outputs, gradients and state (running statistics advance twice per step)."""
+
+import copy
+import importlib
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+import fxfuse
+from fxfuse import measure
+from fxfuse.fusion import user_checkpoint
+from fxfuse.testing import assert_equivalent
+
+optimize_module = importlib.import_module("fxfuse.fusion.optimize")
+
+
+class Block(nn.Module):
+    def __init__(self, c=8, p=0.0):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.drop = nn.Dropout(p)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(self.bn2(self.conv2(self.drop(torch.relu(self.bn1(self.conv1(x)))))) + x)
+
+
+class Net(nn.Module):
+    """stem, then each block under `checkpoint(block, x, **options)` (None: no checkpoint), then a head."""
+
+    def __init__(self, p=0.0, **options):
+        super().__init__()
+        self.options = options
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.blocks = nn.Sequential(Block(p=p), Block(p=p))
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = checkpoint(block, x, **self.options)
+        return self.fc(x.mean((2, 3)))
+
+
+def _x(n=2, c=3, size=8):
+    return torch.randn(n, c, size, size, dtype=torch.float64)
+
+
+def _checkpoint_calls(model: nn.Module) -> list:
+    state = model.__dict__[optimize_module._STATE]
+    graph = state.fx_graphs[optimize_module._key(state)]
+    return [n.target for n in graph.nodes if isinstance(n.target, user_checkpoint.CheckpointCall)]
+
+
+def _saved_bytes(model, x):
+    return measure.saved_activation_bytes(model, (x.clone().requires_grad_(),))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_regions_are_kept_fused_and_exact(reentrant):
+    model = Net(use_reentrant=reentrant).double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    calls = _checkpoint_calls(optimized)
+    assert [c.name for c in calls] == ["checkpoint(blocks.0)", "checkpoint(blocks.1)"]
+    assert all(c.reentrant == reentrant for c in calls)
+    notes = "\n".join(optimized.fxfuse_report.notes)
+    assert "checkpoint(blocks.0): the model's own torch.utils.checkpoint" in notes and "fused call(s) inside" in notes
+    assert "win over fxfuse's recompute regions" in notes
+    assert any(s.modules[0].startswith("blocks.0") for s in optimized.fxfuse_report.fused)  # fused inside
+    x = _x()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # reentrant: "None of the inputs have requires_grad=True"
+        assert_equivalent(model, optimized, x, dtype=torch.float64)
+        assert _saved_bytes(optimized, x) <= _saved_bytes(model, x)
+
+
+def test_batch_norm_state_advances_twice_per_step_as_in_eager():
+    model = Net(use_reentrant=False).double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    x = _x()
+    for m in (model, optimized):
+        m(x.clone().requires_grad_()).sum().backward()
+    assert int(model.blocks[0].bn1.num_batches_tracked) == 2  # eager's recompute runs the BN again
+    assert int(optimized.blocks[0].bn1.num_batches_tracked) == 2
+    assert int(optimized.stem[1].num_batches_tracked) == 1
+    torch.testing.assert_close(optimized.blocks[1].bn2.running_var, model.blocks[1].bn2.running_var, rtol=1e-12, atol=0)
+
+
+def test_checkpoint_options_are_passed_on():
+    """Dropout under preserve_rng_state, context_fn (called as often as in eager) and determinism_check."""
+    entered = []
+
+    def context_fn():
+        entered.append(1)
+        return torch.utils.checkpoint.noop_context_fn()
+
+    options = dict(use_reentrant=False, preserve_rng_state=True, context_fn=context_fn, determinism_check="none")
+    model = Net(p=0.3, **options).double()
+    assert_equivalent(model, fxfuse.optimize(copy.deepcopy(model)), _x(), dtype=torch.float64)
+    eager_calls = len(entered)
+    entered.clear()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    optimized(_x().requires_grad_()).sum().backward()
+    one_step = len(entered)
+    entered.clear()
+    copy.deepcopy(model)(_x().requires_grad_()).sum().backward()
+    assert one_step == len(entered) == 2 and eager_calls > 0  # once per checkpoint call
+    assert [c.options["context_fn"] for c in _checkpoint_calls(optimized)] == [context_fn, context_fn]
+
+
+class Sequential(nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+        self.layers = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.SiLU(),
+            Block(),
+            Block(),
+        )
+
+    def forward(self, x):
+        return checkpoint_sequential(self.layers, 2, x, use_reentrant=self.reentrant).mean((2, 3))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_sequential(reentrant):
+    model = Sequential(reentrant).double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert len(_checkpoint_calls(optimized)) == 1  # the last segment runs without checkpoint, as in eager
+    assert len(optimized.fxfuse_report.fused) >= 4
+    x = _x()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert_equivalent(model, optimized, x, dtype=torch.float64)
+        assert _saved_bytes(optimized, x) <= _saved_bytes(model, x)
+
+
+class Closure(nn.Module):
+    """A nested checkpoint, a function closing over a traced tensor, and a keyword argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 1)
+        self.outer, self.inner = Block(), Block()
+
+    def forward(self, x):
+        x = self.stem(x)
+        scale = x.mean((0, 2, 3), keepdim=True).sigmoid()
+
+        def run(t, *, shift):
+            t = checkpoint(self.inner, self.outer(t) * scale + shift, use_reentrant=False)
+            return t, t.relu()
+
+        a, b = checkpoint(run, x, shift=1.0, use_reentrant=False)
+        return (a + b).mean((2, 3))
+
+
+def test_nested_checkpoint_closure_and_two_outputs():
+    model = Closure().double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    (outer,) = _checkpoint_calls(optimized)
+    assert outer.name == "checkpoint(outer…inner)"
+    assert_equivalent(model, optimized, _x(), dtype=torch.float64)
+
+
+class CrossBoundary(nn.Module):
+    """A BN outside the checkpoint, its ReLU inside: fused, the BN would run (and update) in the recompute."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.other = nn.Conv2d(3, 8, 1)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return checkpoint(lambda t: torch.relu(y) * t, self.other(x), use_reentrant=False).mean((2, 3))
+
+
+def test_no_site_crosses_a_checkpoint_boundary():
+    model = CrossBoundary().double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert any(user_checkpoint.CROSSES in s.reason for s in optimized.fxfuse_report.skipped)
+    assert not optimized.fxfuse_report.fused
+    assert _checkpoint_calls(optimized)[0].name.startswith("checkpoint(CrossBoundary.forward.<locals>.<lambda>")
+    assert_equivalent(model, optimized, _x(), dtype=torch.float64)
+
+
+class BadArguments(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x):
+        return checkpoint(lambda t, k: self.block(t) * k, x, k=2.0, use_reentrant=True)
+
+
+def test_arguments_eager_rejects_raise_eagers_error():
+    model = BadArguments().double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert "Unexpected keyword arguments: k" in "\n".join(optimized.fxfuse_report.notes)
+    for m in (model, optimized):
+        with pytest.raises(ValueError, match="Unexpected keyword arguments: k"):
+            m(_x(c=8))
+
+
+def test_memory_budget_never_recomputes_around_a_users_checkpoint():
+    model = Net(use_reentrant=False).double()
+    x = _x()
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.3)
+    assert len(_checkpoint_calls(optimized)) == 2
+    chosen = optimized.__dict__[optimize_module._STATE].options.regions
+    assert not [g for g in chosen if any(name.startswith("blocks") for name in g)], chosen
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def _timm_resnet50():
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("resnet50", num_classes=10).double()
+    model.set_grad_checkpointing(True)
+    return model
+
+
+def test_timm_resnet50_grad_checkpointing(single_thread):
+    model = _timm_resnet50()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    names = [c.name for c in _checkpoint_calls(optimized)]
+    assert names == [f"checkpoint(layer{i}.{j})" for i, n in zip(range(1, 5), (3, 4, 6, 3)) for j in range(n)]
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+    assert _saved_bytes(optimized, x) <= _saved_bytes(model, x)
+
+
+def test_switching_checkpointing_off_after_optimize_rebuilds(single_thread):
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("resnet18", num_classes=10).double()
+    model.set_grad_checkpointing(True)
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    for m in (model, optimized):
+        m.set_grad_checkpointing(False)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    for m in (model, optimized):
+        m(x).sum().backward()
+    assert _checkpoint_calls(optimized) == []
+    assert int(optimized.layer1[0].bn1.num_batches_tracked) == int(model.layer1[0].bn1.num_batches_tracked) == 1
+
+
+class HFWrapper(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(inputs_embeds=x).last_hidden_state
+
+
+def _bert(reentrant):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = transformers.BertModel(config, add_pooling_layer=False).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model.gradient_checkpointing_enable({"use_reentrant": reentrant})
+    return HFWrapper(model)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_hf_transformers_gradient_checkpointing(reentrant):
+    model = _bert(reentrant)
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    calls = _checkpoint_calls(optimized)
+    assert [c.name for c in calls] == [f"checkpoint(model.encoder.layer.{i})" for i in range(2)]
+    assert optimized.fxfuse_report.fused  # the MLP's GELU → Linear inside each layer
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert_equivalent(model, optimized, x, dtype=torch.float64)
+        assert _saved_bytes(optimized, x) <= _saved_bytes(model, x)
