@@ -2,8 +2,9 @@
 
 A fused op runs only where it computes exactly what the eager ops compute (same dtypes
 and devices eager would accept, autocast casts as eager's, strided floating tensors,
-shapes the layer accepts, no torch.func transform or forward AD: ops/higher_order.py); every other call runs the eager ops, so bad input raises
-exactly what eager raises. The fake kernels' shape helpers live here too.
+shapes the layer accepts, no torch.func transform or forward AD: ops/higher_order.py);
+every other call runs the eager ops, so bad input raises exactly what eager raises.
+The fake kernels' shape helpers live here too.
 """
 
 from __future__ import annotations
