@@ -27,9 +27,13 @@ from torch import Tensor
 __all__ = ["composed_gradients", "differentiating", "transformed"]
 
 
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
 def transformed() -> bool:
-    """Whether a torch.func transform or a forward-AD dual level is active: eager ops must run."""
-    return torch._C._functorch.peek_interpreter_stack() is not None or forward_ad._current_level >= 0
+    """Whether a torch.func transform or a forward-AD dual level is active: eager ops must run.
+    About 0.2 us: the op wrappers ask it on every call."""
+    return forward_ad._current_level >= 0 or _functorch_active()
 
 
 def differentiating(*tensors: Optional[Tensor]) -> bool:
