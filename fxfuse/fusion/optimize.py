@@ -23,6 +23,7 @@ from torch import nn
 
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
+from ..ops.higher_order import transformed
 from . import example_inputs as _example_inputs
 from . import layout, policy, region_costs, shapes, tracing, user_checkpoint
 from .passes import PassContext, regions, run_passes
@@ -103,6 +104,8 @@ def _fused_forward(self, *args, **kwargs):
     state: _State = self.__dict__[_STATE]
     if state.options.channels_last:
         args = layout.to_channels_last(args)
+    if transformed():  # torch.func / forward AD: the fused ops and regions have no rule for them
+        return type(self)._fxfuse_original_class.forward(self, *args, **kwargs)
     fn = state.graphs.get(_key(state))
     if fn is None:
         fn = _build(self, state, example_inputs=None)

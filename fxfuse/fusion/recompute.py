@@ -80,17 +80,25 @@ class RegionCall:
         return f"RegionCall({self.name})"
 
 
-@contextlib.contextmanager
-def _buffers_swapped(modules: Sequence[nn.Module]):
-    """Every buffer of `modules` replaced by a copy while the block runs (the copies are dropped after)."""
-    originals = []
-    for module in modules:
-        for name, buffer in list(module._buffers.items()):
-            if buffer is not None:
-                originals.append((module, name, buffer))
-                module._buffers[name] = buffer.clone()
-    try:
-        yield
-    finally:
-        for module, name, buffer in originals:
+class _buffers_swapped:
+    """Every buffer of `modules` replaced by a copy while the block runs (the copies are dropped after).
+
+    Re-entrant: a backward with create_graph=True runs the recompute once more for the second
+    backward, with the same context object."""
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        self.modules = modules
+        self.entered: list[list] = []
+
+    def __enter__(self) -> None:
+        originals = []
+        for module in self.modules:
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    originals.append((module, name, buffer))
+                    module._buffers[name] = buffer.clone()
+        self.entered.append(originals)
+
+    def __exit__(self, *exc) -> None:
+        for module, name, buffer in self.entered.pop():
             module._buffers[name] = buffer

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import apply_activation, check_act, kernels_apply, stats_like
+from .higher_order import composed_gradients, differentiating
 
 __all__ = ["batch_norm_act", "update_running_stats"]
 
@@ -35,6 +36,26 @@ def update_running_stats(
         running_mean.copy_(m * mean + (1 - m) * running_mean)
         var_term = m.to(torch.float64) * unbiased_var.to(torch.float64)
         running_var.copy_(var_term + ((1 - m.to(running_var.dtype)) * running_var).to(torch.float64))
+
+
+def normalize_act(
+    input: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    batch_stats: bool,
+    eps: float,
+    act: str,
+    act_param: float,
+) -> Tensor:
+    """What the fused BN(+activation) ops compute, as differentiable eager ops that update no
+    running statistics: on the batch's statistics, or on `mean` / `var` (constants)."""
+    if batch_stats:
+        out = F.batch_norm(input, None, None, weight, bias, True, 0.0, eps)
+    else:
+        out = F.batch_norm(input, mean.detach(), var.detach(), weight, bias, False, 0.0, eps)
+    return apply_activation(out, act, act_param)
 
 
 def batch_ok(count: int, training: bool) -> bool:
@@ -127,6 +148,14 @@ def _bn_act_bwd(ctx, grad_out):
     input, mean, var, weight, bias = ctx.saved_tensors
     eps, act, act_param = ctx.config
     need = ctx.needs_input_grad
+    if differentiating(grad_out, input, weight, bias):
+        grad_input, grad_weight, grad_bias = composed_gradients(
+            lambda x, w, b: normalize_act(x, mean, var, w, b, False, eps, act, act_param),
+            (input, weight, bias),
+            (need[0], need[3], need[4]),
+            grad_out,
+        )
+        return grad_input, None, None, grad_weight, grad_bias, None, None, None
     grad_input, grad_weight, grad_bias = torch.ops.fxfuse.bn_act_backward(
         grad_out, input, mean, var, weight, bias, eps, act, act_param, False, [need[0], need[3], need[4]]
     )
@@ -147,6 +176,14 @@ def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var
     input, mean, var, weight, bias = ctx.saved_tensors
     batch_stats, eps, act, act_param = ctx.config
     need = ctx.needs_input_grad
+    if differentiating(grad_out, input, weight, bias):
+        grad_input, grad_weight, grad_bias = composed_gradients(
+            lambda x, w, b: normalize_act(x, mean, var, w, b, batch_stats, eps, act, act_param),
+            (input, weight, bias),
+            need[:3],
+            grad_out,
+        )
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
     grad_input, grad_weight, grad_bias = torch.ops.fxfuse.bn_act_backward(
         grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, [need[0], need[1], need[2]]
     )

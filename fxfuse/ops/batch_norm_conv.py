@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .batch_norm import batch_norm_act, batch_ok, update_running_stats
+from .batch_norm import batch_norm_act, batch_ok, normalize_act, update_running_stats
 from .checks import (
     _AUTOCAST_CASTS,
     AUTOCAST_DEVICES,
@@ -44,6 +44,7 @@ from .checks import (
     stats_like,
 )
 from .conv_batch_norm import conv_bn_act
+from .higher_order import composed_gradients, differentiating
 
 __all__ = ["bn_act_conv"]
 
@@ -237,11 +238,21 @@ def _backward(ctx, grad_out, *_grad_stats):
     ) = ctx.config  # fmt: skip
     need = ctx.needs_input_grad
     mask = [need[i] for i in _GRAD_ARGS]
-    grads = torch.ops.fxfuse.bn_act_conv_backward(
-        grad_out, input, in_weight, in_bias, in_mean, in_var, in_batch_stats, in_eps, in_act, in_act_param,
-        weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, mean, var, batch_stats,
-        eps, act, act_param, mask,
-    )  # fmt: skip
+    if differentiating(grad_out, input, in_weight, in_bias, weight, bias, bn_weight, bn_bias):
+
+        def compose(x, in_w, in_b, w, b, bn_w, bn_b):
+            x = normalize_act(x, in_mean, in_var, in_w, in_b, in_batch_stats, in_eps, in_act, in_act_param)
+            y = F.conv2d(x, w, b, stride, padding, dilation, groups)
+            return normalize_act(y, mean, var, bn_w, bn_b, batch_stats, eps, act, act_param) if epilogue else y
+
+        tensors = (input, in_weight, in_bias, weight, bias, bn_weight, bn_bias)
+        grads = composed_gradients(compose, tensors, mask, grad_out)
+    else:
+        grads = torch.ops.fxfuse.bn_act_conv_backward(
+            grad_out, input, in_weight, in_bias, in_mean, in_var, in_batch_stats, in_eps, in_act, in_act_param,
+            weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, mean, var, batch_stats,
+            eps, act, act_param, mask,
+        )  # fmt: skip
     result = [None] * 24
     for index, grad in zip(_GRAD_ARGS, grads):
         result[index] = grad

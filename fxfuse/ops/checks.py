@@ -2,8 +2,9 @@
 
 A fused op runs only where it computes exactly what the eager ops compute (same dtypes
 and devices eager would accept, autocast casts as eager's, strided floating tensors,
-shapes the layer accepts); every other call runs the eager ops, so bad input raises
-exactly what eager raises. The fake kernels' shape helpers live here too.
+shapes the layer accepts, no torch.func transform or forward AD: ops/higher_order.py);
+every other call runs the eager ops, so bad input raises exactly what eager raises.
+The fake kernels' shape helpers live here too.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import Tensor
 from torch.overrides import has_torch_function
 
 from .. import _extension
+from .higher_order import transformed
 
 _ACT_FUNCS: dict[str, Callable[[Tensor, float], Tensor]] = {
     "none": lambda x, p: x,
@@ -148,6 +150,7 @@ def fusable(input: Tensor) -> bool:
     where the fused ops cast as eager autocast does (AUTOCAST_DEVICES)."""
     return (
         _extension.loaded()
+        and not transformed()
         and input.is_floating_point()
         and input.layout == torch.strided
         and not input.is_nested
@@ -188,6 +191,7 @@ def bn_params_apply(dtype: torch.dtype, device: torch.device, params: Sequence[O
 def _input_ok(input: Tensor) -> bool:
     return (
         _extension.loaded()
+        and not transformed()
         and input.dim() == 4
         and input.is_floating_point()
         and not input.is_complex()

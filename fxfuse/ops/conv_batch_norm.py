@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .batch_norm import batch_ok, update_running_stats
+from .batch_norm import batch_ok, normalize_act, update_running_stats
 from .checks import (
     IntPair,
     apply_activation,
@@ -31,6 +31,7 @@ from .checks import (
     layer_kernels_apply,
     stats_like,
 )
+from .higher_order import composed_gradients, differentiating
 
 __all__ = ["conv_bn_act"]
 
@@ -181,25 +182,35 @@ def _backward(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
     input, weight, bias, bn_weight, bn_bias, mean, var = ctx.saved_tensors
     stride, padding, dilation, groups, batch_stats, eps, act, act_param = ctx.config
     need = ctx.needs_input_grad
-    grads = torch.ops.fxfuse.conv_bn_act_backward(
-        grad_out,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        dilation,
-        groups,
-        bn_weight,
-        bn_bias,
-        mean,
-        var,
-        batch_stats,
-        eps,
-        act,
-        act_param,
-        [need[0], need[1], need[2], need[7], need[8]],
-    )
+    if differentiating(grad_out, input, weight, bias, bn_weight, bn_bias):
+
+        def compose(x, w, b, bn_w, bn_b):
+            y = F.conv2d(x, w, b, stride, padding, dilation, groups)
+            return normalize_act(y, mean, var, bn_w, bn_b, batch_stats, eps, act, act_param)
+
+        grads = composed_gradients(
+            compose, (input, weight, bias, bn_weight, bn_bias), (*need[:3], need[7], need[8]), grad_out
+        )
+    else:
+        grads = torch.ops.fxfuse.conv_bn_act_backward(
+            grad_out,
+            input,
+            weight,
+            bias,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bn_weight,
+            bn_bias,
+            mean,
+            var,
+            batch_stats,
+            eps,
+            act,
+            act_param,
+            [need[0], need[1], need[2], need[7], need[8]],
+        )
     grad_input, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias = grads
     return (
         grad_input,

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
+from .higher_order import composed_gradients, differentiating
 from .norm_linear import _backward_fake as _norm_linear_backward_fake
 from .norm_linear import _fake as _norm_linear_fake
 from .norm_linear import _fusable as _norm_linear_fusable
@@ -95,6 +96,15 @@ def _bwd(ctx, grad_out):
     input, conv_weight, conv_bias, ln_w, ln_b, w, b = ctx.saved_tensors
     stride, padding, dilation, groups, shape, eps = ctx.config
     need = ctx.needs_input_grad
+    if differentiating(grad_out, input, conv_weight, conv_bias, ln_w, ln_b, w, b):
+
+        def compose(x, cw, cb, lw, lb, w_, b_):
+            return _eager(x, cw, cb, stride, padding, dilation, groups, shape, lw, lb, eps, w_, b_)
+
+        tensors = (input, conv_weight, conv_bias, ln_w, ln_b, w, b)
+        mask = [need[i] for i in (0, 1, 2, 8, 9, 11, 12)]
+        gi, gcw, gcb, gln_w, gln_b, gw, gb = composed_gradients(compose, tensors, mask, grad_out)
+        return gi, gcw, gcb, None, None, None, None, None, gln_w, gln_b, None, gw, gb
     grads = torch.ops.fxfuse.conv_layer_norm_linear_backward(
         grad_out, input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w, b,
         [need[0], need[1], need[2], need[8], need[9], need[11], need[12]],

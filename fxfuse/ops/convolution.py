@@ -17,6 +17,7 @@ torch.autocast the op's Autocast kernel casts as eager autocast casts F.conv2d.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Union
 
 import torch
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
+from .higher_order import composed_gradients, differentiating
 
 __all__ = ["conv2d"]
 
@@ -54,6 +56,10 @@ def _conv2d_backward_fake(grad_out, input, weight, bias, stride, padding, dilati
     return conv_backward_meta(input, weight, bias, stride, padding, dilation, groups, output_mask)
 
 
+def _conv2d(input, weight, bias, *, config):
+    return F.conv2d(input, weight, bias, *config)
+
+
 def _setup(ctx, inputs, output):
     input, weight, bias, stride, padding, dilation, groups = inputs
     ctx.save_for_backward(input, weight, bias)
@@ -63,6 +69,10 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, grad_out):
     input, weight, bias = ctx.saved_tensors
     need = ctx.needs_input_grad
+    if differentiating(grad_out, input, weight, bias):
+        conv = functools.partial(_conv2d, config=ctx.config)
+        grads = composed_gradients(conv, (input, weight, bias), need[:3], grad_out)
+        return (*grads, None, None, None, None)
     grad_input, grad_weight, grad_bias = torch.ops.fxfuse.conv2d_backward(
         grad_out, input, weight, bias, *ctx.config, [need[0], need[1], need[2]]
     )

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import fusable, plain
+from .higher_order import composed_gradients, differentiating
 
 __all__ = ["gelu"]
 
@@ -57,6 +58,8 @@ def _gelu_setup(ctx, inputs, keyword_only_inputs, output):
 
 def _gelu_bwd(ctx, grad_out):
     (self,) = ctx.saved_tensors
+    if differentiating(grad_out, self):
+        return composed_gradients(lambda x: F.gelu(x, approximate=ctx.approximate), (self,), (True,), grad_out)[0]
     return torch.ops.fxfuse.gelu_backward(grad_out, self, approximate=ctx.approximate)
 
 

@@ -44,6 +44,7 @@ from .checks import (
     linear_fusable,
     plain,
 )
+from .higher_order import composed_gradients, differentiating
 
 __all__ = ["act_linear", "act_linear_scale", "conv_act", "linear_act"]
 
@@ -135,9 +136,18 @@ def _conv2d(input, weight, bias, *, stride, padding, dilation, groups):
 # --------------------------------------------------------------------------- linear_act, act_linear
 
 
+def _linear_act_eager(input, weight, bias, *, act, act_param):
+    return apply_activation(F.linear(input, weight, bias), act, act_param)
+
+
+def _act_linear_eager(input, weight, bias, *, act, act_param):
+    return F.linear(apply_activation(input, act, act_param), weight, bias)
+
+
 def _linear_family(op: str):
     """Fake kernel, backward fake kernel and autograd formula of `op` (linear_act or act_linear):
     one schema, the same saved tensors (input, weight, bias) and gradients of the same shapes."""
+    compose = _linear_act_eager if op == "linear_act" else _act_linear_eager
 
     def fake(input, weight, bias, act, act_param):
         check_linear(input, weight, bias, op)
@@ -163,6 +173,11 @@ def _linear_family(op: str):
         input, weight, bias = ctx.saved_tensors
         act, act_param = ctx.config
         need = ctx.needs_input_grad
+        if differentiating(grad_out, input, weight, bias):
+            grads = composed_gradients(
+                functools.partial(compose, act=act, act_param=act_param), (input, weight, bias), need[:3], grad_out
+            )
+            return (*grads, None, None)
         grad_input, grad_weight, grad_bias = getattr(torch.ops.fxfuse, f"{op}_backward")(
             grad_out, input, weight, bias, act, act_param, [need[0], need[1], need[2]]
         )
@@ -210,6 +225,13 @@ def _act_linear_scale_bwd(ctx, grad_out):
     input, weight, bias, scale = ctx.saved_tensors
     act, act_param = ctx.config
     need = ctx.needs_input_grad
+    if differentiating(grad_out, input, weight, bias, scale):
+
+        def compose(x, w, b, s):
+            return _act_linear_eager(x, w, b, act=act, act_param=act_param) * s
+
+        grads = composed_gradients(compose, (input, weight, bias, scale), need[:4], grad_out)
+        return (*grads, None, None)
     grads = torch.ops.fxfuse.act_linear_scale_backward(
         grad_out, input, weight, bias, scale, act, act_param, [need[0], need[1], need[2], need[3]]
     )
@@ -244,6 +266,13 @@ def _conv_act_bwd(ctx, grad_out):
     input, weight, bias = ctx.saved_tensors
     stride, padding, dilation, groups, act, act_param = ctx.config
     need = ctx.needs_input_grad
+    if differentiating(grad_out, input, weight, bias):
+
+        def compose(x, w, b):
+            return apply_activation(F.conv2d(x, w, b, stride, padding, dilation, groups), act, act_param)
+
+        grads = composed_gradients(compose, (input, weight, bias), need[:3], grad_out)
+        return (*grads, None, None, None, None, None, None)
     grad_input, grad_weight, grad_bias = torch.ops.fxfuse.conv_act_backward(
         grad_out,
         input,

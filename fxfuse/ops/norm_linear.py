@@ -26,6 +26,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import autocast_on, check_linear, linear_fusable, plain
+from .higher_order import composed_gradients, differentiating
 
 __all__ = ["layer_norm_linear"]
 
@@ -120,6 +121,14 @@ def _bwd(ctx, grad_out):
     input, ln_weight, ln_bias, weight, bias = ctx.saved_tensors
     normalized_shape, eps = ctx.config
     need = ctx.needs_input_grad
+    if differentiating(grad_out, input, ln_weight, ln_bias, weight, bias):
+
+        def compose(x, ln_w, ln_b, w, b):
+            return F.linear(F.layer_norm(x, normalized_shape, ln_w, ln_b, eps), w, b)
+
+        tensors = (input, ln_weight, ln_bias, weight, bias)
+        gi, gln_w, gln_b, gw, gb = composed_gradients(compose, tensors, [need[i] for i in (0, 2, 3, 5, 6)], grad_out)
+        return gi, None, gln_w, gln_b, None, gw, gb
     grads = torch.ops.fxfuse.layer_norm_linear_backward(
         grad_out, input, normalized_shape, ln_weight, ln_bias, eps, weight, bias,
         [need[0], need[2], need[3], need[5], need[6]],
