@@ -17,12 +17,15 @@ import fxfuse
 from fxfuse.testing import assert_equivalent
 
 # One model per library in make test; the rest under the zoo marker.
-REPRESENTATIVE = ("efficientnet_pytorch_b0", "hf_mobilenet_v2", "yolov8n", "smp_unet_resnet18", "googlenet_aux")
+REPRESENTATIVE = (
+    "efficientnet_pytorch_b0",
+    "hf_mobilenet_v2_tf_padding",
+    "yolov8n",
+    "smp_unet_resnet18",
+    "googlenet_aux",
+)
 # Sites fxfuse cannot yet reach, each with the reason a user would read in the report.
-KNOWN_GAPS = {
-    "hf_mobilenet_v2_tf_padding": "TF-style padding computes int() from the input's shape: the conv layer is not "
-    "traceable by torch.fx and stays a leaf",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def _params():

@@ -89,6 +89,11 @@ class _State:
     reports: dict[tuple, FusionReport] = field(default_factory=dict)
     fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
     last_leaf_failures: dict[str, str] = field(default_factory=dict)
+    last_key: tuple = ()
+    # Shape-dependent Python was traced with the example inputs' shapes (tracing.py): graphs are then
+    # keyed on the inputs' shapes too, and `example` (meta tensors) rebuilds them after pickling.
+    specialized: bool = False
+    example: Optional[tuple] = None
 
 
 # The switches timm (`set_grad_checkpointing`) and HF transformers (`gradient_checkpointing_enable`) read in
@@ -96,8 +101,17 @@ class _State:
 _CHECKPOINT_FLAGS = ("grad_checkpointing", "gradient_checkpointing")
 
 
-def _key(state: _State) -> tuple:
-    return tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
+def _key(state: _State, args: Sequence[Any] = (), kwargs: Optional[dict] = None) -> tuple:
+    key = tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
+    if state.specialized:
+        key += (_input_signature(args, kwargs or {}),)
+    return key
+
+
+def _input_signature(args: Sequence[Any], kwargs: dict) -> tuple:
+    """What a shape-specialized graph was traced for: the count of inputs and every tensor's shape."""
+    leaves = torch.utils._pytree.tree_leaves((tuple(args), kwargs))
+    return (len(args), tuple(sorted(kwargs)), tuple(tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)))
 
 
 def _fused_forward(self, *args, **kwargs):
@@ -106,9 +120,9 @@ def _fused_forward(self, *args, **kwargs):
         args = layout.to_channels_last(args)
     if transformed():  # torch.func / forward AD: the fused ops and regions have no rule for them
         return type(self)._fxfuse_original_class.forward(self, *args, **kwargs)
-    fn = state.graphs.get(_key(state))
+    fn = state.graphs.get(_key(state, args, kwargs))
     if fn is None:
-        fn = _build(self, state, example_inputs=None)
+        fn = _build(self, state, example_inputs=args if state.specialized and not kwargs else None)
     return fn(self, *args, **kwargs)
 
 
@@ -117,11 +131,12 @@ def _reduce_ex(self, protocol):
     # module as its original class, and optimize it again when it is loaded.
     plain = type(self)._fxfuse_original_class.__new__(type(self)._fxfuse_original_class)
     plain.__dict__.update({k: v for k, v in self.__dict__.items() if k != _STATE})
-    return _rebuild, (plain, self.__dict__[_STATE].options)
+    state: _State = self.__dict__[_STATE]
+    return _rebuild, (plain, state.options, state.example)
 
 
-def _rebuild(plain: nn.Module, options: Options) -> nn.Module:
-    _install(plain, options)
+def _rebuild(plain: nn.Module, options: Options, example: Optional[tuple] = None) -> nn.Module:
+    _install(plain, options, example)
     return plain
 
 
@@ -158,7 +173,12 @@ def _uninstall(module: nn.Module) -> None:
 
 def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]]) -> Callable:
     """Trace `root` with its current training flags, rewrite, compile and cache the graph."""
-    traced = tracing.trace(root, forward_class=getattr(type(root), "_fxfuse_original_class", None))
+    traced = tracing.trace(
+        root, forward_class=getattr(type(root), "_fxfuse_original_class", None), example_inputs=example_inputs
+    )
+    if traced.specialized:
+        state.specialized = True
+        state.example = measure.to_meta(example_inputs)
     modules = dict(root.named_modules())
     for path in traced.traced_modules:
         if all(modules[path] is not m for m in state.key_modules):
@@ -168,6 +188,12 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
     report = FusionReport(state.options.mode)
     for path, reason in traced.leaf_failures.items():
         report.notes.append(f"{path or type(root).__name__}: not traceable ({reason}); kept as a leaf")
+    if traced.specialized:
+        shapes_seen = ", ".join(str(tuple(t.shape)) for t in example_inputs if isinstance(t, torch.Tensor))
+        report.notes.append(
+            f"{type(root).__name__}: its forward computes Python values from tensor shapes, so it was traced "
+            f"for inputs of shape {shapes_seen}; an input of another shape traces it again"
+        )
     shape_map = {}
     if example_inputs is not None:
         try:
@@ -187,16 +213,17 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
         report.notes.extend(user_checkpoint.extract(traced.graph, traced.user_checkpoints, SITE_META))
     if state.options.regions:
         report.notes.extend(regions.apply(traced.graph, root, state.options.regions, state.options.flat_links))
-    state.fx_graphs[_key(state)] = traced.graph
+    key = _key(state, example_inputs or ())
+    state.fx_graphs[key] = traced.graph
     fn = tracing.compile_graph(traced.graph)
-    key = _key(state)
+    state.last_key = key
     state.graphs[key] = fn
     state.reports[key] = report
     state.last_leaf_failures = traced.leaf_failures
     return fn
 
 
-def _build_other_mode(root: nn.Module, state: _State) -> None:
+def _build_other_mode(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None) -> None:
     """Also build the graph for the opposite train/eval mode of every traced module.
 
     So that switching between train() and eval() finds a compiled graph (and
@@ -208,15 +235,15 @@ def _build_other_mode(root: nn.Module, state: _State) -> None:
     try:
         for m in state.key_modules:
             m.training = not flags[0]
-        _build(root, state, None)
+        _build(root, state, example_inputs if state.specialized else None)
     finally:
         for m, flag in zip(state.key_modules, flags):
             m.training = flag
 
 
-def _attach(module: nn.Module, state: _State) -> None:
+def _attach(module: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None) -> None:
     """Make `module` run its fused graphs: build the other train/eval mode too, swap the class."""
-    _build_other_mode(module, state)
+    _build_other_mode(module, state, example_inputs)
     module.__dict__[_STATE] = state
     module.__class__ = _fused_class(type(module))
 
@@ -224,7 +251,7 @@ def _attach(module: nn.Module, state: _State) -> None:
 def _install(module: nn.Module, options: Options, example_inputs=None) -> _State:
     state = _State(options, key_modules=[])
     _build(module, state, example_inputs)
-    _attach(module, state)
+    _attach(module, state, example_inputs)
     return state
 
 
@@ -269,14 +296,14 @@ def _optimize_tree(
                 child, f"{path}.{name}" if path else name, options.scoped(name), None, report, install
             )
         return roots
-    sub = state.reports[_key(state)]
+    sub = state.reports[state.last_key]
     leaf_failures = dict(state.last_leaf_failures)
     merged = _prefixed(sub, path)
     report.fused.extend(merged.fused)
     report.skipped.extend(merged.skipped)
     report.notes.extend(merged.notes)
     if install:
-        _attach(module, state)
+        _attach(module, state, example_inputs)
     roots = 1
     # Leaves that could not be traced through may still hold traceable submodules.
     for leaf_path in leaf_failures:
@@ -354,28 +381,29 @@ def _run(model: nn.Module, example_inputs, options: Options, install: bool) -> F
     return report
 
 
-def _prepare(selection: policy.Selection) -> Callable[[nn.Module], Any]:
+def _prepare(selection: policy.Selection, inputs: tuple) -> Callable[[nn.Module], Any]:
     """Optimize a (meta-device) trial copy with `selection`."""
     options = Options("memory", selection.allowed, regions=selection.groups, flat_links=selection.flat_links)
-    return lambda trial: _run(trial, None, options, install=True)
+    # The inputs (as meta tensors) let shape-dependent code trace the way the final rewrite traces it.
+    return lambda trial: _run(trial, measure.to_meta(inputs), options, install=True)
 
 
 def _region_profile(model: nn.Module, inputs: tuple, pointwise: frozenset) -> Optional[region_costs.Profile]:
     """Region costs on a meta-device copy fused with pointwise sites only (None: not traced as one graph)."""
     trial = measure.meta_copy(model)
-    _run(trial, None, Options("memory", pointwise), install=True)
+    _run(trial, measure.to_meta(inputs), Options("memory", pointwise), install=True)
     if not is_optimized(trial):
         return None
     state: _State = trial.__dict__[_STATE]
-    return region_costs.profile(trial, state.fx_graphs[_key(state)], measure.to_meta(inputs))
+    return region_costs.profile(trial, state.fx_graphs[state.last_key], measure.to_meta(inputs))
 
 
 def _counts(model: nn.Module, inputs: tuple) -> policy.Counts:
     return policy.Counts(
         eager_bytes=lambda: measure.saved_activation_bytes_meta(model, inputs),
-        selection_bytes=lambda sel: measure.saved_activation_bytes_meta(model, inputs, prepare=_prepare(sel)),
+        selection_bytes=lambda sel: measure.saved_activation_bytes_meta(model, inputs, prepare=_prepare(sel, inputs)),
         eager_peak=lambda: measure.step_peak_bytes_meta(model, inputs),
-        selection_peak=lambda sel: measure.step_peak_bytes_meta(model, inputs, prepare=_prepare(sel)),
+        selection_peak=lambda sel: measure.step_peak_bytes_meta(model, inputs, prepare=_prepare(sel, inputs)),
         profile=lambda pointwise: _region_profile(model, inputs, pointwise),
     )
 

@@ -14,17 +14,27 @@
  * it records which modules were traced through: their `training` flags are baked
    into the graph, so the optimized model keys its graphs on them;
  * the model's own `torch.utils.checkpoint` calls are traced as marked regions that
-   stay checkpoint calls in the rewritten graph (user_checkpoint.py).
+   stay checkpoint calls in the rewritten graph (user_checkpoint.py);
+ * with example inputs, a module whose forward computes Python values from tensor shapes
+   (`int(x.shape[-1])`, padding arithmetic, `if x.size(1) != c:`, iterating `chunk`'s
+   result) is traced again with concrete shapes: every proxy carries a meta tensor, and
+   inside such a module its shape reads return numbers. The graph is then specialized on
+   the example inputs' shapes (TraceResult.specialized), and the optimized model keys its
+   graphs on its inputs' shapes.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
 
+import torch
 import torch.fx as fx
 from torch import nn
 
+from .. import measure
 from ..errors import TracingError
 from . import user_checkpoint
 from .passes.known_modules import is_known_leaf
@@ -44,10 +54,57 @@ class TraceResult:
     traced_modules: list[str]  # qualified names of modules traced through (root is "")
     leaf_failures: dict[str, str] = field(default_factory=dict)  # module path -> why it became a leaf
     user_checkpoints: list[user_checkpoint.Spec] = field(default_factory=list)  # the model's own checkpoint calls
+    specialized: bool = False  # shape reads were answered with the example inputs' shapes
+
+
+class ShapeProxy(fx.Proxy):
+    """A proxy that carries a meta tensor (`meta_value`) when the tracer propagates metadata; where the
+    tracer is concrete, shape reads return numbers instead of graph nodes."""
+
+    meta_value: Any = None
+
+    def _concrete(self) -> bool:
+        return self.tracer.concrete and isinstance(self.meta_value, torch.Tensor)
+
+    def size(self, *args):
+        if self._concrete():
+            self.tracer.specialized = True
+            return self.meta_value.size(*args)
+        return self.tracer.create_proxy("call_method", "size", (self, *args), {})
+
+    def dim(self):
+        if self._concrete():
+            return self.meta_value.dim()
+        return self.tracer.create_proxy("call_method", "dim", (self,), {})
+
+    @property
+    def shape(self):
+        if self._concrete():
+            self.tracer.specialized = True
+            return self.meta_value.shape
+        return fx.proxy.Attribute(self, "shape")
+
+    @property
+    def ndim(self):
+        return self.dim() if self._concrete() else fx.proxy.Attribute(self, "ndim")
+
+    def __len__(self) -> int:
+        if self.tracer.concrete and isinstance(self.meta_value, (torch.Tensor, tuple, list)):
+            self.tracer.specialized = True
+            return len(self.meta_value)
+        return super().__len__()
+
+
+def meta_of(proxy: fx.Proxy) -> Any:
+    """The meta value a proxy carries (an attribute proxy's, from its owner's), or None."""
+    if isinstance(proxy, fx.proxy.Attribute):
+        owner = meta_of(proxy.root)
+        return None if owner is None else getattr(owner, proxy.attr, None)
+    return vars(proxy).get("meta_value")
 
 
 class FxFuseTracer(fx.Tracer):
-    def __init__(self, guard: StateGuard) -> None:
+    def __init__(self, guard: StateGuard, example_inputs: Optional[Sequence[Any]] = None) -> None:
         super().__init__()
         self.record_stack_traces = True
         self.proxy_buffer_attributes = True
@@ -55,6 +112,80 @@ class FxFuseTracer(fx.Tracer):
         self.leaf_failures: dict[str, str] = {}
         self.traced_modules: list[str] = []
         self.user_checkpoints: list[user_checkpoint.Spec] = []
+        # Concrete shapes (see the module doc): metas of the example inputs, a meta copy of the
+        # root to run modules on, the module paths to trace concretely ("" the root), and whether
+        # any shape read was answered with a number.
+        self.example_metas = None if example_inputs is None else list(measure.to_meta(example_inputs))
+        self.meta_root: Optional[nn.Module] = None
+        self.concrete_paths: frozenset[str] = frozenset()
+        self.concrete = False
+        self.specialized = False
+        self.computing_meta = False
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return ShapeProxy(node, self)
+
+    def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None, proxy_factory_fn=None):
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+        if self.meta_root is not None and isinstance(proxy, ShapeProxy):
+            proxy.meta_value = self._meta_of(kind, target, args, kwargs)
+        return proxy
+
+    def _meta_of(self, kind, target, args, kwargs) -> Any:
+        """What the node computes, on meta tensors (None where that fails or an input has none)."""
+        if kind == "placeholder":
+            if target.startswith("**"):  # forward(..., **kwargs): called with the example's (none)
+                return {}
+            if target.startswith("*"):  # forward(..., *args): the example's remaining positional inputs
+                rest, self.example_metas = tuple(self.example_metas or ()), []
+                return rest
+            return self.example_metas.pop(0) if self.example_metas else None
+        if kind == "get_attr":
+            try:
+                return functools.reduce(getattr, target.split("."), self.meta_root)
+            except AttributeError:
+                return None
+        missing = []
+
+        def meta(a):
+            if isinstance(a, fx.Proxy):
+                value = meta_of(a)
+                if value is None:
+                    missing.append(a)
+                return value
+            return a
+
+        margs, mkwargs = fx.node.map_aggregate(args, meta), fx.node.map_aggregate(kwargs, meta)
+        if missing or kind not in ("call_function", "call_method", "call_module"):
+            return None
+        previous, self.computing_meta = self.computing_meta, True
+        try:
+            with torch.no_grad():
+                if kind == "call_function":
+                    return target(*margs, **mkwargs)
+                if kind == "call_method":
+                    return getattr(margs[0], target)(*margs[1:], **mkwargs)
+                return self.meta_root.get_submodule(target)(*margs, **mkwargs)
+        except Exception:  # noqa: BLE001 - no metadata for this node: its shape reads stay symbolic
+            return None
+        finally:
+            self.computing_meta = previous
+
+    def keys(self, obj):
+        """`**proxy` (a forward's own **kwargs passed on): its keys, where the concrete trace knows them."""
+        value = meta_of(obj)
+        if self.concrete and isinstance(value, dict):
+            self.specialized = True
+            return list(value)
+        return super().keys(obj)
+
+    def iter(self, obj):
+        """Iterating a proxy (`list(x.chunk(2, 1))`): its items, where the concrete trace knows how many."""
+        value = meta_of(obj)
+        if self.concrete and isinstance(value, (torch.Tensor, tuple, list)):
+            self.specialized = True
+            return iter([obj[i] for i in range(len(value))])
+        return super().iter(obj)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_failures:
@@ -62,6 +193,8 @@ class FxFuseTracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name) or _library_forward(m) or is_known_leaf(m)
 
     def call_module(self, m, forward, args, kwargs):
+        if self.computing_meta:  # a meta copy's module runs as it is, outside the graph
+            return forward(*args, **kwargs)
         path = self.path_of_module(m)
         if self.is_leaf_module(m, path):
             return super().call_module(m, forward, args, kwargs)
@@ -69,6 +202,8 @@ class FxFuseTracer(fx.Tracer):
         module_stack = collections.OrderedDict(self.module_stack)
         num_calls = dict(self.num_calls)
         n_traced = len(self.traced_modules)
+        concrete = self.concrete
+        self.concrete = concrete or path in self.concrete_paths
         self.guard.begin(m)
         try:
             out = super().call_module(m, forward, args, kwargs)
@@ -78,6 +213,8 @@ class FxFuseTracer(fx.Tracer):
         else:
             changed = self.guard.end()
             failure = _ChangesState(changed) if changed else None
+        finally:
+            self.concrete = concrete
         if failure is not None:
             self._rollback(tail)
             self.module_stack = module_stack
@@ -103,10 +240,13 @@ class FxFuseTracer(fx.Tracer):
             self.graph.erase_node(node)
 
 
+_CHANGES_STATE = "its forward changes"
+
+
 class _ChangesState(Exception):
     def __init__(self, names: list[str]) -> None:
         super().__init__(
-            f"its forward changes {', '.join(names)} in a way torch.fx cannot record (assignment, a write "
+            f"{_CHANGES_STATE} {', '.join(names)} in a way torch.fx cannot record (assignment, a write "
             f"into a dict or list attribute, or an in-place write to a tensor that is not a registered "
             f"buffer); buffers updated in place are recorded"
         )
@@ -117,18 +257,41 @@ def first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def trace(root: nn.Module, forward_class: type | None = None) -> TraceResult:
+def trace(
+    root: nn.Module, forward_class: type | None = None, example_inputs: Optional[Sequence[Any]] = None
+) -> TraceResult:
     """Trace `root`; raises whatever torch.fx raises when root's own forward cannot be traced.
 
     `forward_class`: trace that class's forward instead of `type(root).forward` (an
-    optimized module traces the forward of its original class).
+    optimized module traces the forward of its original class). With `example_inputs`,
+    what failed symbolically (root or submodules) is traced again with concrete shapes.
     """
+    try:
+        first = _trace(root, forward_class, None, frozenset())
+    except TracingError:
+        raise
+    except Exception:
+        if example_inputs is None:
+            raise
+        return _trace(root, forward_class, example_inputs, frozenset({""}))
+    retry = frozenset(path for path, why in first.leaf_failures.items() if not why.startswith(_CHANGES_STATE))
+    if example_inputs is None or not retry:
+        return first
+    second = _trace(root, forward_class, example_inputs, retry)
+    return second if len(second.leaf_failures) < len(first.leaf_failures) else first
+
+
+def _trace(root: nn.Module, forward_class, example_inputs, concrete_paths: frozenset[str]) -> TraceResult:
     guard = StateGuard(root)
-    tracer = FxFuseTracer(guard)
+    tracer = FxFuseTracer(guard, example_inputs)
+    tracer.concrete_paths = concrete_paths
+    tracer.concrete = "" in concrete_paths
     cls = root.__class__
     root.__class__ = forward_class or cls
     guard.begin(root)
     try:
+        if example_inputs is not None:
+            tracer.meta_root = measure.meta_copy(root)
         with user_checkpoint.intercepting(tracer, tracer.user_checkpoints):
             graph = tracer.trace(root)
     finally:
@@ -136,7 +299,13 @@ def trace(root: nn.Module, forward_class: type | None = None) -> TraceResult:
         changed = guard.end()
     if changed:
         raise TracingError(f"{type(root).__name__}: {_ChangesState(changed)}")
-    return TraceResult(graph, [""] + tracer.traced_modules, dict(tracer.leaf_failures), tracer.user_checkpoints)
+    return TraceResult(
+        graph,
+        [""] + tracer.traced_modules,
+        dict(tracer.leaf_failures),
+        tracer.user_checkpoints,
+        tracer.specialized,
+    )
 
 
 def compile_graph(graph: fx.Graph):

@@ -84,6 +84,8 @@ def intercepting(tracer: fx.Tracer, specs: list[Spec]):
     original = torch_checkpoint._checkpoint_impl
 
     def traced(function, args, kwargs, **options):
+        if getattr(tracer, "computing_meta", False):  # a module run on meta tensors for metadata only
+            return original(function, args, kwargs, **options)
         _check_like_eager(kwargs, options)
         spec = Spec(len(specs), _describe(tracer, function), dict(options), _name_of(function))
         specs.append(spec)

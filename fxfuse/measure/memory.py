@@ -54,8 +54,30 @@ def saved_activation_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
     return sum(seen.values())
 
 
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+
+
 def meta_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` whose parameters and buffers live on the meta device (no data is copied)."""
+    """A copy of `model` whose parameters and buffers live on the meta device (no data is copied).
+
+    The copy has no module hooks: they are the user's, and must not see the meta tensors
+    fxfuse measures with."""
+    copied = _meta_copy(model)
+    for m in copied.modules():
+        for name in _HOOK_DICTS:
+            getattr(m, name, {}).clear()
+    return copied
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
     memo: dict[int, Any] = {}
     for t in (*model.parameters(), *model.buffers()):
         if isinstance(t, nn.Parameter):

@@ -1,0 +1,117 @@
+"""Shape-dependent Python traced with concrete shapes (fusion/tracing.py): TF-style padding from the input's
+size, a branch on a channel count, iterating `chunk`'s result, and a root forward taking *args/**kwargs."""
+
+import copy
+import math
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fxfuse
+from fxfuse.fusion import tracing
+from fxfuse.testing import assert_equivalent
+
+
+class TFPaddedConv(nn.Module):
+    """HF MobileNetV2's tf_padding: the padding is computed with int() and math.ceil from the input's shape."""
+
+    def __init__(self, cin, cout, stride=2):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, stride=stride, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        s = self.conv.stride[0]
+        pad_h = max((math.ceil(int(h) / s) - 1) * s + 3 - int(h), 0)
+        pad_w = max((math.ceil(int(w) / s) - 1) * s + 3 - int(w), 0)
+        x = F.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
+        return F.relu6(self.bn(self.conv(x)))
+
+
+class C2f(nn.Module):
+    """ultralytics' C2f: `list(cv1(x).chunk(2, 1))`, extended by a loop, concatenated."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.cv1 = nn.Sequential(nn.Conv2d(c, 2 * c, 1, bias=False), nn.BatchNorm2d(2 * c), nn.SiLU())
+        self.m = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.SiLU()) for _ in range(2)
+        )
+        self.cv2 = nn.Sequential(nn.Conv2d(4 * c, c, 1, bias=False), nn.BatchNorm2d(c), nn.SiLU())
+
+    def forward(self, x):
+        y = list(self.cv1(x).chunk(2, 1))
+        y.extend(m(y[-1]) for m in self.m)
+        return self.cv2(torch.cat(y, 1))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = TFPaddedConv(3, 8)
+        self.block = C2f(8)
+        self.proj = nn.Conv2d(8, 16, 1)
+
+    def forward(self, x, *args, **kwargs):
+        y = self.block(self.stem(x))
+        if y.size(1) != 16:  # a branch on a channel count
+            y = self.proj(y)
+        return y.mean((2, 3))
+
+
+def _bn_names(report):
+    return {m for site in report.fused for m in site.modules if "bn" in m or m.endswith((".1", "1"))}
+
+
+def test_symbolic_tracing_fails_and_concrete_tracing_succeeds():
+    model, x = Net(), torch.randn(2, 3, 17, 15)
+    with pytest.raises(Exception):  # noqa: B017 - whatever torch.fx raises on shape arithmetic
+        tracing.trace(model)
+    traced = tracing.trace(model, example_inputs=(x,))
+    assert traced.specialized and not traced.leaf_failures
+
+
+def test_shape_dependent_model_is_fused_and_exact():
+    model, x = Net(), torch.randn(2, 3, 17, 15)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    report = optimized.fxfuse_report
+    assert len([s for s in report.fused if s.op in ("fxfuse::conv_bn_act", "fxfuse::bn_act_conv")]) >= 4
+    assert any("traced it again" in n or "traced for inputs of shape" in n for n in report.notes)
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_a_new_input_shape_traces_again_and_stays_exact():
+    model, x = Net().double(), torch.randn(2, 3, 17, 15, dtype=torch.double)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    for shape in ((2, 3, 17, 15), (3, 3, 20, 21), (2, 3, 17, 15)):
+        x = torch.randn(shape, dtype=torch.double)
+        torch.testing.assert_close(optimized(x), model(x), rtol=1e-9, atol=1e-9)
+    assert_equivalent(model, optimized, torch.randn(3, 3, 20, 21), dtype=torch.float64)
+
+
+def test_without_example_inputs_the_shape_dependent_parts_stay_leaves_with_a_note():
+    model, x = Net(), torch.randn(2, 3, 17, 15)
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    notes = " ".join(optimized.fxfuse_report.notes)
+    assert "not traceable" in notes
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_a_pickled_specialized_model_is_specialized_again():
+    model, x = Net(), torch.randn(2, 3, 17, 15)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    restored = pickle.loads(pickle.dumps(optimized))
+    assert len(restored.fxfuse_report.fused) == len(optimized.fxfuse_report.fused)
+    assert_equivalent(model, restored, x, dtype=torch.float64)
+
+
+def test_hooks_of_the_model_never_see_the_meta_run():
+    model, x = Net(), torch.randn(2, 3, 17, 15)
+    seen = []
+    model.stem.bn.register_forward_hook(lambda m, i, o: seen.append(o.device.type))
+    fxfuse.optimize(model, (x,))
+    assert "meta" not in seen
