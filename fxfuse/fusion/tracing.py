@@ -11,6 +11,9 @@
    becomes a leaf, so the write runs on every call; the reason is recorded;
  * a submodule that cannot be traced through becomes a leaf instead of failing the
    whole trace: the partial trace is rolled back and the reason recorded;
+ * a submodule with module hooks is a leaf, so that `Module.__call__` runs its hooks
+   at call time with the same tensors as eager (recorded in `hooked`); an optimized
+   submodule that is traced through is traced through its original forward;
  * it records which modules were traced through: their `training` flags are baked
    into the graph, so the optimized model keys its graphs on them.
 """
@@ -18,6 +21,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 from dataclasses import dataclass, field
 
 import torch.fx as fx
@@ -25,6 +29,7 @@ from torch import nn
 
 from ..errors import TracingError
 from .passes.known_modules import is_known_leaf
+from .passes.matchers import describe_hooks, has_hooks
 from .state_guard import StateGuard
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -40,6 +45,7 @@ class TraceResult:
     graph: fx.Graph
     traced_modules: list[str]  # qualified names of modules traced through (root is "")
     leaf_failures: dict[str, str] = field(default_factory=dict)  # module path -> why it became a leaf
+    hooked: dict[str, str] = field(default_factory=dict)  # module path -> its hooks (a leaf so that they fire)
 
 
 class FxFuseTracer(fx.Tracer):
@@ -50,16 +56,22 @@ class FxFuseTracer(fx.Tracer):
         self.guard = guard
         self.leaf_failures: dict[str, str] = {}
         self.traced_modules: list[str] = []
+        self.hooked: dict[str, str] = {}
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if module_qualified_name in self.leaf_failures:
+        if module_qualified_name in self.leaf_failures or has_hooks(m):
             return True
         return super().is_leaf_module(m, module_qualified_name) or _library_forward(m) or is_known_leaf(m)
 
     def call_module(self, m, forward, args, kwargs):
         path = self.path_of_module(m)
         if self.is_leaf_module(m, path):
+            if has_hooks(m):
+                self.hooked[path] = describe_hooks(m)
             return super().call_module(m, forward, args, kwargs)
+        # `forward` is Module.__call__, which would run global module hooks on the proxies;
+        # this module has no hooks of its own, so its forward alone is what eager runs.
+        forward = _plain_forward(m)
         tail = self.graph._root.prev  # last node before this call
         module_stack = collections.OrderedDict(self.module_stack)
         num_calls = dict(self.num_calls)
@@ -98,6 +110,14 @@ class FxFuseTracer(fx.Tracer):
             self.graph.erase_node(node)
 
 
+def _plain_forward(m: nn.Module):
+    """`m`'s forward without Module.__call__; for an optimized module, its original class's forward."""
+    original = getattr(type(m), "_fxfuse_original_class", None)
+    if original is not None and "forward" not in m.__dict__:
+        return functools.partial(original.forward, m)
+    return m.forward
+
+
 class _ChangesState(Exception):
     def __init__(self, names: list[str]) -> None:
         super().__init__(
@@ -130,7 +150,7 @@ def trace(root: nn.Module, forward_class: type | None = None) -> TraceResult:
         changed = guard.end()
     if changed:
         raise TracingError(f"{type(root).__name__}: {_ChangesState(changed)}")
-    return TraceResult(graph, [""] + tracer.traced_modules, dict(tracer.leaf_failures))
+    return TraceResult(graph, [""] + tracer.traced_modules, dict(tracer.leaf_failures), dict(tracer.hooked))
 
 
 def compile_graph(graph: fx.Graph):
