@@ -113,6 +113,9 @@ HOOKS = {
         lambda mod, gin, gout: tuple(None if g is None else g * 3.0 for g in gin)
     ),
     "backward_pre": lambda m, rec: m.register_full_backward_pre_hook(lambda mod, gout: rec.append(_tensors(gout))),
+    "legacy_backward": lambda m, rec: m.register_backward_hook(
+        lambda mod, gin, gout: rec.append(_tensors((gin, gout)))
+    ),
 }
 
 # Modules fxfuse fuses (stem.1: a BN in a conv→BN→ReLU merged into block.conv; norm+fc1: layer_norm_linear;

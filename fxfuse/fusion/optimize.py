@@ -15,7 +15,9 @@ it, so `Module.__call__` runs its hooks with eager's tensors; the graphs are als
 keyed on which submodules have hooks, so hooks registered or removed after `optimize`
 take effect at the next call. While global module hooks
 (`torch.nn.modules.module.register_module_forward_hook` and the like) are registered,
-the forward runs as written, unfused: they fire for every module call.
+the forward runs as written, unfused: they fire for every module call. So does the
+forward of a module with a non-full (`register_backward_hook`) backward hook, which
+sees the gradients of its forward's last op.
 
 Where a module's own forward cannot be traced (with some training flags or hooks),
 it runs as written and its submodules are optimized instead, at optimize time and
@@ -153,6 +155,9 @@ def _fused_forward(self, *args, **kwargs):
     state: _State = self.__dict__[_STATE]
     if _global_hooks():
         _warn_global_hooks(self)
+        return _original_forward(self, *args, **kwargs)
+    if self._backward_hooks and not self._is_full_backward_hook:
+        # A non-full backward hook sees the inputs of the grad_fn of the forward's last op: eager's ops.
         return _original_forward(self, *args, **kwargs)
     if state.options.channels_last:
         args = layout.to_channels_last(args)
