@@ -375,3 +375,30 @@ def test_a_hooked_module_is_not_recomputed_in_a_region(when):
     for model in (eager, fused):
         model(x).sum().backward()
     assert counts["fused"] == counts["eager"] == 1
+
+
+def test_feature_hooks_on_resnet_stages_keep_the_fusions_inside():
+    """timm's FeatureHooks / torchinfo style: forward hooks on every stage of a torchvision ResNet."""
+    torchvision = pytest.importorskip("torchvision")
+
+    def resnet():
+        torch.manual_seed(0)
+        return torchvision.models.resnet18(num_classes=2).double()
+
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    stages = [f"layer{i}" for i in range(1, 5)]
+    plain = fxfuse.optimize(resnet()).fxfuse_report
+    records = {"eager": [], "fused": []}
+
+    def hooked(name):
+        model = resnet()
+        for stage in stages:
+            model.get_submodule(stage).register_forward_hook(lambda m, a, out, rec=records[name]: rec.append(out))
+        return model
+
+    eager, fused = hooked("eager"), fxfuse.optimize(hooked("fused"))
+    assert len(fused.fxfuse_report.fused) == len(plain.fused)  # every stage is optimized on its own
+    assert all(optimize_module.is_optimized(fused.get_submodule(s)) for s in stages)
+    eager_run, fused_run = _run(eager, x), _run(fused, x)
+    assert len(records["eager"]) == 12
+    _compare(eager_run, fused_run, [r.detach() for r in records["eager"]], [r.detach() for r in records["fused"]])
