@@ -402,3 +402,16 @@ def test_feature_hooks_on_resnet_stages_keep_the_fusions_inside():
     eager_run, fused_run = _run(eager, x), _run(fused, x)
     assert len(records["eager"]) == 12
     _compare(eager_run, fused_run, [r.detach() for r in records["eager"]], [r.detach() for r in records["fused"]])
+
+
+def test_a_hook_registered_after_optimize_is_in_the_report():
+    x = _input()
+    model = fxfuse.optimize(_net())
+    model(x)
+    model.stem[1].register_forward_hook(lambda *a: None)
+    model(x)
+    notes = model.fxfuse_report.notes
+    assert any(n.startswith("graph built at a later call: stem.1: has a forward hook") for n in notes), notes
+    assert any(
+        "stem.0 + stem.1 (conv2d→batch_norm2d) not fused: the BatchNorm module has a forward hook" in n for n in notes
+    )

@@ -164,7 +164,23 @@ def _fused_forward(self, *args, **kwargs):
     fn = state.graphs.get(_key(state))
     if fn is None:
         fn = _build_or_fall_back(self, state, None, install=True)
+        _note_call_time_build(self, state)
     return fn(self, *args, **kwargs)
+
+
+def _note_call_time_build(module: nn.Module, state: _State) -> None:
+    """Add to the report `optimize` attached what a graph built at call time (hooks or training
+    flags changed since) left unfused or kept as a module call, and why."""
+    report: Optional[FusionReport] = module.__dict__.get("fxfuse_report")
+    later = state.reports.get(_key(state))
+    if report is None or later is None:
+        return
+    lines = list(later.notes)
+    lines += [f"{s.name} ({s.pattern}) not fused: {s.reason}" for s in later.skipped if s not in report.skipped]
+    for line in lines:
+        line = f"graph built at a later call: {line}"
+        if line not in report.notes:
+            report.notes.append(line)
 
 
 def _reduce_ex(self, protocol):
