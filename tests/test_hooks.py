@@ -415,3 +415,12 @@ def test_a_hook_registered_after_optimize_is_in_the_report():
     assert any(
         "stem.0 + stem.1 (conv2d→batch_norm2d) not fused: the BatchNorm module has a forward hook" in n for n in notes
     )
+
+
+def test_explain_reports_hooked_modules_and_changes_nothing():
+    model = _net()
+    model.block.register_forward_hook(lambda *a: None)
+    report = fxfuse.explain(model)
+    assert any("block.conv" in s.modules for s in report.fused)
+    assert any(n.startswith("block: has a forward hook") for n in report.notes)
+    assert not any(optimize_module.is_optimized(m) for m in model.modules())
