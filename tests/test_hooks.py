@@ -424,3 +424,22 @@ def test_explain_reports_hooked_modules_and_changes_nothing():
     assert any("block.conv" in s.modules for s in report.fused)
     assert any(n.startswith("block: has a forward hook") for n in report.notes)
     assert not any(optimize_module.is_optimized(m) for m in model.modules())
+
+
+def test_optimize_with_example_inputs_and_a_budget_does_not_fire_hooks():
+    x = _input()
+    model, calls = _net(), []
+    model.stem[1].register_forward_hook(lambda mod, args, out: calls.append(out.device))
+    model.block.register_forward_pre_hook(lambda mod, args: calls.append(args[0].device))
+    fxfuse.optimize(model, x, memory_budget=0.6)
+    assert calls == []  # fxfuse's meta-device forwards ran no user hook
+    model(x)
+    assert calls == [torch.device("cpu")] * 2
+
+
+def test_prune_with_example_inputs():
+    x = _input()
+    torch.manual_seed(3)
+    model = fxfuse.optimize(_pruned(_net()), x)
+    torch.manual_seed(3)
+    _assert_close(_run(_pruned(_net()), x), _run(model, x), "outputs, gradients, state")

@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import torch
@@ -65,7 +66,28 @@ def meta_copy(model: nn.Module) -> nn.Module:
             memo[id(t)] = t.clone()
         else:
             memo[id(t)] = t.to("meta")
-    return copy.deepcopy(model, memo)
+    return silence_hooks(copy.deepcopy(model, memo))
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _no_op_hook(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def silence_hooks(model: nn.Module) -> nn.Module:
+    """Make every module hook of `model` do nothing; each module keeps as many hooks, of the same
+    kinds, so fxfuse traces and fuses it as it does the model. For meta-device copies: the user's
+    hooks must not see meta tensors, nor count fxfuse's shape-only forwards as calls. (Hooks that
+    compute a module's weight, like torch.nn.utils.prune's, leave a tensor attribute that such a
+    copy cannot be made of anyway.)"""
+    for m in model.modules():
+        for name in _HOOK_DICTS:
+            hooks = getattr(m, name)
+            if hooks:
+                setattr(m, name, OrderedDict.fromkeys(hooks, _no_op_hook))
+    return model
 
 
 def to_meta(inputs: Sequence[Any]) -> tuple:
