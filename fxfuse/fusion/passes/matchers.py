@@ -41,20 +41,14 @@ def has_hooks(m: nn.Module) -> bool:
 
 def describe_hooks(m: nn.Module) -> str:
     """`m`'s hooks in words: "a forward hook", "forward pre and full backward hooks"."""
-    kinds = [
-        kind
-        for kind, hooks in (
-            ("forward pre", m._forward_pre_hooks),
-            ("forward", m._forward_hooks),
-            ("backward pre", m._backward_pre_hooks),
-            ("full backward" if m._is_full_backward_hook else "backward", m._backward_hooks),
-        )
-        if hooks
-    ]
-    if (
-        len(kinds) == 1
-        and sum(map(len, (m._forward_pre_hooks, m._forward_hooks, m._backward_pre_hooks, m._backward_hooks))) == 1
-    ):
+    by_kind = {
+        "forward pre": m._forward_pre_hooks,
+        "forward": m._forward_hooks,
+        "backward pre": m._backward_pre_hooks,
+        "full backward" if m._is_full_backward_hook else "backward": m._backward_hooks,
+    }
+    kinds = [kind for kind, hooks in by_kind.items() if hooks]
+    if sum(map(len, by_kind.values())) == 1:
         return f"a {kinds[0]} hook"
     return f"{' and '.join(kinds)} hooks"
 
