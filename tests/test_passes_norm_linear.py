@@ -134,8 +134,8 @@ class CustomNorm(nn.LayerNorm):
 @pytest.mark.parametrize(
     "make, reason",
     [
-        (lambda m: m.norm.register_forward_hook(lambda *a: None), "the LayerNorm module has hooks"),
-        (lambda m: m.fc.register_forward_pre_hook(lambda *a: None), "the Linear module has hooks"),
+        (lambda m: m.norm.register_forward_hook(lambda *a: None), "the LayerNorm module has a forward hook"),
+        (lambda m: m.fc.register_forward_pre_hook(lambda *a: None), "the Linear module has a forward pre hook"),
         (lambda m: setattr(m, "norm", nn.LayerNorm((3, 16))), "more than the last dimension"),
         (lambda m: setattr(m, "norm", CustomNorm(16)), None),  # traced through: its F.layer_norm feeds a mul
     ],

@@ -9,17 +9,32 @@ overrides are untouched.
 FX bakes `self.training` reads into the graph, so the optimized forward keys its
 compiled graphs on the `training` flags of the modules it traced through and
 traces again when they change (e.g. after `.eval()`).
+
+Module hooks: a submodule with hooks is a leaf of the trace and no fused site takes
+it, so `Module.__call__` runs its hooks with eager's tensors; the graphs are also
+keyed on which submodules have hooks, so hooks registered or removed after `optimize`
+take effect at the next call. While global module hooks
+(`torch.nn.modules.module.register_module_forward_hook` and the like) are registered,
+the forward runs as written, unfused: they fire for every module call. So does the
+forward of a module with a non-full (`register_backward_hook`) backward hook, which
+sees the gradients of its forward's last op.
+
+Where a module's own forward cannot be traced (with some training flags or hooks),
+it runs as written and its submodules are optimized instead, at optimize time and
+at call time alike: no torch.fx error reaches the user.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
@@ -85,10 +100,12 @@ class _State:
     options: Options
     key_modules: list[nn.Module]
     key_flags: list[tuple[nn.Module, str]] = field(default_factory=list)  # checkpointing switches of traced modules
+    watched: list[nn.Module] = field(default_factory=list)  # every submodule: which of them have hooks is in the key
     graphs: dict[tuple, Callable] = field(default_factory=dict)
     reports: dict[tuple, FusionReport] = field(default_factory=dict)
     fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
     last_leaf_failures: dict[str, str] = field(default_factory=dict)
+    last_hooked: dict[str, str] = field(default_factory=dict)  # hooked leaves of the last trace
     last_key: tuple = ()
     # Shape-dependent Python was traced with the example inputs' shapes (tracing.py): graphs are then
     # keyed on the inputs' shapes too, and `example` (meta tensors) rebuilds them after pickling.
@@ -102,7 +119,8 @@ _CHECKPOINT_FLAGS = ("grad_checkpointing", "gradient_checkpointing")
 
 
 def _key(state: _State, args: Sequence[Any] = (), kwargs: Optional[dict] = None) -> tuple:
-    key = tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
+    flags = tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
+    key = (flags, _hooked(state.watched))
     if state.specialized:
         key += (_input_signature(args, kwargs or {}),)
     return key
@@ -114,16 +132,80 @@ def _input_signature(args: Sequence[Any], kwargs: dict) -> tuple:
     return (len(args), tuple(sorted(kwargs)), tuple(tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)))
 
 
+def _new_state(module: nn.Module, options: Options) -> _State:
+    return _State(options, key_modules=[], watched=[m for m in module.modules() if m is not module])
+
+
+def _hooked(modules: list[nn.Module]) -> tuple[int, ...]:
+    return tuple(
+        [
+            i
+            for i, m in enumerate(modules)
+            if m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks
+        ]
+    )
+
+
+def _global_hooks() -> bool:
+    """Whether global module hooks that fire on every module call are registered."""
+    return bool(
+        _nn_module._global_forward_pre_hooks
+        or _nn_module._global_forward_hooks
+        or _nn_module._global_backward_pre_hooks
+        or _nn_module._global_backward_hooks
+    )
+
+
+_warned_global_hooks = False
+
+
+def _warn_global_hooks(module: nn.Module) -> None:
+    global _warned_global_hooks
+    if not _warned_global_hooks:
+        _warned_global_hooks = True
+        warnings.warn(
+            f"fxfuse: global module hooks are registered, so the optimized {type(module).__name__} runs its "
+            "forward as written (unfused) while they are, and every module call fires them as in eager",
+            stacklevel=2,
+        )
+
+
+def _original_forward(self, *args, **kwargs):
+    return type(self)._fxfuse_original_class.forward(self, *args, **kwargs)
+
+
 def _fused_forward(self, *args, **kwargs):
     state: _State = self.__dict__[_STATE]
+    if _global_hooks():
+        _warn_global_hooks(self)
+        return _original_forward(self, *args, **kwargs)
+    if self._backward_hooks and not self._is_full_backward_hook:
+        # A non-full backward hook sees the inputs of the grad_fn of the forward's last op: eager's ops.
+        return _original_forward(self, *args, **kwargs)
     if state.options.channels_last:
         args = layout.to_channels_last(args)
     if transformed():  # torch.func / forward AD: the fused ops and regions have no rule for them
         return type(self)._fxfuse_original_class.forward(self, *args, **kwargs)
     fn = state.graphs.get(_key(state, args, kwargs))
     if fn is None:
-        fn = _build(self, state, example_inputs=args if state.specialized and not kwargs else None)
+        fn = _build_or_fall_back(self, state, args if state.specialized and not kwargs else None, install=True)
+        _note_call_time_build(self, state)
     return fn(self, *args, **kwargs)
+
+
+def _note_call_time_build(module: nn.Module, state: _State) -> None:
+    """Add to the report `optimize` attached what a graph built at call time (hooks or training
+    flags changed since) left unfused or kept as a module call, and why."""
+    report: Optional[FusionReport] = module.__dict__.get("fxfuse_report")
+    later = state.reports.get(state.last_key)
+    if report is None or later is None:
+        return
+    lines = list(later.notes)
+    lines += [f"{s.name} ({s.pattern}) not fused: {s.reason}" for s in later.skipped if s not in report.skipped]
+    for line in lines:
+        line = f"graph built at a later call: {line}"
+        if line not in report.notes:
+            report.notes.append(line)
 
 
 def _reduce_ex(self, protocol):
@@ -194,6 +276,9 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
             f"{type(root).__name__}: its forward computes Python values from tensor shapes, so it was traced "
             f"for inputs of shape {shapes_seen}; an input of another shape traces it again"
         )
+    for path, hooks in traced.hooked.items():
+        own = "" if _is_library_module(modules[path]) else "; its own forward is optimized on its own"
+        report.notes.append(f"{path}: has {hooks}; kept as a module call so that its hooks fire as in eager{own}")
     shape_map = {}
     if example_inputs is not None:
         try:
@@ -220,37 +305,73 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
     state.graphs[key] = fn
     state.reports[key] = report
     state.last_leaf_failures = traced.leaf_failures
+    state.last_hooked = traced.hooked
     return fn
 
 
-def _build_other_mode(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None) -> None:
+def _build_or_fall_back(
+    root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]], install: bool
+) -> Callable:
+    """`_build`, with what it leaves out optimized on its own (`install`): the submodules of leaves
+    that could not be traced through, and hooked submodules. Where `root`'s own forward cannot be
+    traced with the current training flags and hooks, that key runs the forward as written, with
+    its submodules optimized instead, so nothing torch.fx raises reaches the caller."""
+    try:
+        fn = _build(root, state, example_inputs)
+    except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
+        report = FusionReport(state.options.mode)
+        report.notes.append(
+            f"{type(root).__name__}: forward is not traceable ({type(exc).__name__}: {tracing.first_line(exc)}); "
+            "it runs as written, with its submodules optimized instead"
+        )
+        if install:
+            _optimize_children(root, "", state.options, report, install)
+        key = _key(state, example_inputs or ())
+        state.last_key = key
+        state.graphs[key] = _original_forward
+        state.reports[key] = report
+        return _original_forward
+    if install:
+        _optimize_inside(root, state, "", state.options, state.reports[state.last_key], install)
+    return fn
+
+
+def _build_other_mode(
+    root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None
+) -> Optional[tuple[str, FusionReport]]:
     """Also build the graph for the opposite train/eval mode of every traced module.
 
     So that switching between train() and eval() finds a compiled graph (and
-    torch.compile never has to trace fxfuse's own tracing).
+    torch.compile never has to trace fxfuse's own tracing). Returns that mode's
+    name and report.
     """
     flags = [m.training for m in state.key_modules]
     if len(set(flags)) != 1:
-        return
+        return None
     try:
         for m in state.key_modules:
             m.training = not flags[0]
-        _build(root, state, example_inputs if state.specialized else None)
+        _build_or_fall_back(root, state, example_inputs if state.specialized else None, install=True)
+        return ("eval" if flags[0] else "train"), state.reports[state.last_key]
     finally:
         for m, flag in zip(state.key_modules, flags):
             m.training = flag
 
 
-def _attach(module: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None) -> None:
-    """Make `module` run its fused graphs: build the other train/eval mode too, swap the class."""
-    _build_other_mode(module, state, example_inputs)
+def _attach(
+    module: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None
+) -> Optional[tuple[str, FusionReport]]:
+    """Make `module` run its fused graphs: build the other train/eval mode too, swap the class.
+    Returns the other mode's name and report."""
+    other = _build_other_mode(module, state, example_inputs)
     module.__dict__[_STATE] = state
     module.__class__ = _fused_class(type(module))
+    return other
 
 
 def _install(module: nn.Module, options: Options, example_inputs=None) -> _State:
-    state = _State(options, key_modules=[])
-    _build(module, state, example_inputs)
+    state = _new_state(module, options)
+    _build_or_fall_back(module, state, example_inputs, install=True)
     _attach(module, state, example_inputs)
     return state
 
@@ -276,44 +397,63 @@ def _prefixed(report: FusionReport, prefix: str) -> FusionReport:
     )
 
 
+def _joined(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _optimize_children(module: nn.Module, path: str, options: Options, report: FusionReport, install: bool) -> int:
+    """Optimize each child of `module` (at `path`) that is not a library module. Returns #roots optimized."""
+    roots = 0
+    for name, child in module.named_children():
+        if not _is_library_module(child) and not (install and is_optimized(child)):
+            roots += _optimize_tree(child, _joined(path, name), options.scoped(name), None, report, install)
+    return roots
+
+
+def _optimize_inside(
+    module: nn.Module, state: _State, path: str, options: Options, report: FusionReport, install: bool
+) -> int:
+    """Optimize what the last trace of `module` kept as leaves: the children of leaves that could
+    not be traced through, and hooked modules (their hooks need a module call; their forward
+    can still be fused). Returns #roots optimized."""
+    roots = 0
+    for leaf_path in state.last_leaf_failures:
+        leaf = module.get_submodule(leaf_path)
+        roots += _optimize_children(leaf, _joined(path, leaf_path), options.scoped(leaf_path), report, install)
+    for leaf_path in state.last_hooked:
+        leaf = module.get_submodule(leaf_path)
+        if not _is_library_module(leaf) and not (install and is_optimized(leaf)):
+            roots += _optimize_tree(leaf, _joined(path, leaf_path), options.scoped(leaf_path), None, report, install)
+    return roots
+
+
 def _optimize_tree(
     module: nn.Module, path: str, options: Options, example_inputs, report: FusionReport, install: bool
 ) -> int:
     """Optimize `module` if it traces, else its largest traceable submodules. Returns #roots optimized."""
-    state = _State(options, key_modules=[])
+    state = _new_state(module, options)
     try:
         _build(module, state, example_inputs)
     except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
-        children = [(name, child) for name, child in module.named_children() if not _is_library_module(child)]
+        has_children = any(not _is_library_module(child) for child in module.children())
         report.notes.append(
             f"{path or type(module).__name__}: forward is not traceable ({type(exc).__name__}: "
             f"{tracing.first_line(exc)}); optimizing its submodules instead"
-            + ("" if children else " (it has none that fxfuse could trace)")
+            + ("" if has_children else " (it has none that fxfuse could trace)")
         )
-        roots = 0
-        for name, child in children:
-            roots += _optimize_tree(
-                child, f"{path}.{name}" if path else name, options.scoped(name), None, report, install
-            )
-        return roots
-    sub = state.reports[state.last_key]
-    leaf_failures = dict(state.last_leaf_failures)
-    merged = _prefixed(sub, path)
+        return _optimize_children(module, path, options, report, install)
+    merged = _prefixed(state.reports[state.last_key], path)
     report.fused.extend(merged.fused)
     report.skipped.extend(merged.skipped)
     report.notes.extend(merged.notes)
+    roots = 1 + _optimize_inside(module, state, path, options, report, install)
     if install:
-        _attach(module, state, example_inputs)
-    roots = 1
-    # Leaves that could not be traced through may still hold traceable submodules.
-    for leaf_path in leaf_failures:
-        leaf = module.get_submodule(leaf_path)
-        full = f"{path}.{leaf_path}" if path else leaf_path
-        for name, child in leaf.named_children():
-            if not _is_library_module(child):
-                roots += _optimize_tree(
-                    child, f"{full}.{name}", options.scoped(f"{leaf_path}.{name}"), None, report, install
-                )
+        other = _attach(module, state, example_inputs)
+        if other is not None:
+            mode, other_report = other
+            for note in _prefixed(other_report, path).notes:
+                if note not in report.notes:
+                    report.notes.append(f"in {mode} mode: {note}")
     return roots
 
 

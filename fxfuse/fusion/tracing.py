@@ -11,6 +11,9 @@
    becomes a leaf, so the write runs on every call; the reason is recorded;
  * a submodule that cannot be traced through becomes a leaf instead of failing the
    whole trace: the partial trace is rolled back and the reason recorded;
+ * a submodule with module hooks is a leaf, so that `Module.__call__` runs its hooks
+   at call time with the same tensors as eager (recorded in `hooked`); an optimized
+   submodule that is traced through is traced through its original forward;
  * it records which modules were traced through: their `training` flags are baked
    into the graph, so the optimized model keys its graphs on them;
  * the model's own `torch.utils.checkpoint` calls are traced as marked regions that
@@ -38,6 +41,7 @@ from .. import measure
 from ..errors import TracingError
 from . import user_checkpoint
 from .passes.known_modules import is_known_leaf
+from .passes.matchers import describe_hooks, has_hooks
 from .state_guard import StateGuard
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -55,6 +59,7 @@ class TraceResult:
     leaf_failures: dict[str, str] = field(default_factory=dict)  # module path -> why it became a leaf
     user_checkpoints: list[user_checkpoint.Spec] = field(default_factory=list)  # the model's own checkpoint calls
     specialized: bool = False  # shape reads were answered with the example inputs' shapes
+    hooked: dict[str, str] = field(default_factory=dict)  # module path -> its hooks (a leaf so that they fire)
 
 
 class ShapeProxy(fx.Proxy):
@@ -112,6 +117,7 @@ class FxFuseTracer(fx.Tracer):
         self.leaf_failures: dict[str, str] = {}
         self.traced_modules: list[str] = []
         self.user_checkpoints: list[user_checkpoint.Spec] = []
+        self.hooked: dict[str, str] = {}
         # Concrete shapes (see the module doc): metas of the example inputs, a meta copy of the
         # root to run modules on, the module paths to trace concretely ("" the root), and whether
         # any shape read was answered with a number.
@@ -188,7 +194,7 @@ class FxFuseTracer(fx.Tracer):
         return super().iter(obj)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if module_qualified_name in self.leaf_failures:
+        if module_qualified_name in self.leaf_failures or has_hooks(m):
             return True
         return super().is_leaf_module(m, module_qualified_name) or _library_forward(m) or is_known_leaf(m)
 
@@ -197,7 +203,12 @@ class FxFuseTracer(fx.Tracer):
             return forward(*args, **kwargs)
         path = self.path_of_module(m)
         if self.is_leaf_module(m, path):
+            if has_hooks(m):
+                self.hooked[path] = describe_hooks(m)
             return super().call_module(m, forward, args, kwargs)
+        # `forward` is Module.__call__, which would run global module hooks on the proxies;
+        # this module has no hooks of its own, so its forward alone is what eager runs.
+        forward = _plain_forward(m)
         tail = self.graph._root.prev  # last node before this call
         module_stack = collections.OrderedDict(self.module_stack)
         num_calls = dict(self.num_calls)
@@ -238,6 +249,14 @@ class FxFuseTracer(fx.Tracer):
             node = node.prev
         for node in nodes:  # newest first, so users go before their inputs
             self.graph.erase_node(node)
+
+
+def _plain_forward(m: nn.Module):
+    """`m`'s forward without Module.__call__; for an optimized module, its original class's forward."""
+    original = getattr(type(m), "_fxfuse_original_class", None)
+    if original is not None and "forward" not in m.__dict__:
+        return functools.partial(original.forward, m)
+    return m.forward
 
 
 _CHANGES_STATE = "its forward changes"
@@ -305,6 +324,7 @@ def _trace(root: nn.Module, forward_class, example_inputs, concrete_paths: froze
         dict(tracer.leaf_failures),
         tracer.user_checkpoints,
         tracer.specialized,
+        dict(tracer.hooked),
     )
 
 

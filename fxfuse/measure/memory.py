@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import torch
@@ -54,30 +55,9 @@ def saved_activation_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
     return sum(seen.values())
 
 
-_HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-)
-
-
 def meta_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` whose parameters and buffers live on the meta device (no data is copied).
-
-    The copy has no module hooks: they are the user's, and must not see the meta tensors
-    fxfuse measures with."""
-    copied = _meta_copy(model)
-    for m in copied.modules():
-        for name in _HOOK_DICTS:
-            getattr(m, name, {}).clear()
-    return copied
-
-
-def _meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose parameters and buffers live on the meta device (no data is copied),
+    its hooks silenced (`silence_hooks`)."""
     memo: dict[int, Any] = {}
     for t in (*model.parameters(), *model.buffers()):
         if isinstance(t, nn.Parameter):
@@ -87,7 +67,28 @@ def _meta_copy(model: nn.Module) -> nn.Module:
             memo[id(t)] = t.clone()
         else:
             memo[id(t)] = t.to("meta")
-    return copy.deepcopy(model, memo)
+    return silence_hooks(copy.deepcopy(model, memo))
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _no_op_hook(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def silence_hooks(model: nn.Module) -> nn.Module:
+    """Make every module hook of `model` do nothing; each module keeps as many hooks, of the same
+    kinds, so fxfuse traces and fuses it as it does the model. For meta-device copies: the user's
+    hooks must not see meta tensors, nor count fxfuse's shape-only forwards as calls. (Hooks that
+    compute a module's weight, like torch.nn.utils.prune's, leave a tensor attribute that such a
+    copy cannot be made of anyway.)"""
+    for m in model.modules():
+        for name in _HOOK_DICTS:
+            hooks = getattr(m, name)
+            if hooks:
+                setattr(m, name, OrderedDict.fromkeys(hooks, _no_op_hook))
+    return model
 
 
 def to_meta(inputs: Sequence[Any]) -> tuple:

@@ -19,7 +19,7 @@ from torch import nn
 from .. import runtime
 from .context import PassContext
 from .driver import FusionPass, Site
-from .matchers import activation_of, first_input, has_hooks, site_name
+from .matchers import activation_of, first_input, has_hooks, hooks_problem, site_name
 
 
 def _approximate(node: fx.Node, ctx: PassContext) -> tuple[Optional[str], Optional[str]]:
@@ -29,7 +29,7 @@ def _approximate(node: fx.Node, ctx: PassContext) -> tuple[Optional[str], Option
         and type(ctx.modules.get(node.target)) is nn.GELU
         and has_hooks(ctx.modules[node.target])
     ):
-        return None, "the GELU module has hooks, which the rewritten call would not run"
+        return None, hooks_problem(ctx.modules[node.target], "GELU")
     act = activation_of(node, ctx.modules)
     if act is None or act.name not in ("gelu", "gelu_tanh"):
         return None, None

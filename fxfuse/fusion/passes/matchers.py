@@ -35,9 +35,29 @@ def module_of(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[nn.Modul
 
 
 def has_hooks(m: nn.Module) -> bool:
-    return bool(
-        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or getattr(m, "_backward_pre_hooks", None)
-    )
+    """Whether `m` has module hooks that Module.__call__ runs (forward pre, forward, backward pre, backward)."""
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
+
+
+def describe_hooks(m: nn.Module) -> str:
+    """`m`'s hooks in words: "a forward hook", "forward pre and full backward hooks"."""
+    by_kind = {
+        "forward pre": m._forward_pre_hooks,
+        "forward": m._forward_hooks,
+        "backward pre": m._backward_pre_hooks,
+        "full backward" if m._is_full_backward_hook else "backward": m._backward_hooks,
+    }
+    kinds = [kind for kind, hooks in by_kind.items() if hooks]
+    if sum(map(len, by_kind.values())) == 1:
+        return f"a {kinds[0]} hook"
+    return f"{' and '.join(kinds)} hooks"
+
+
+def hooks_problem(m: nn.Module, what: str) -> Optional[str]:
+    """Why module `m` must stay a module call for its hooks (None if it has none)."""
+    if not has_hooks(m):
+        return None
+    return f"the {what} module has {describe_hooks(m)}; kept as a module call so that its hooks fire as in eager"
 
 
 def layer_module_problem(m: nn.Module, base: type, what: str, forward_ok: bool = False) -> Optional[str]:
@@ -49,9 +69,7 @@ def layer_module_problem(m: nn.Module, base: type, what: str, forward_ok: bool =
         return f"{type(m).__name__} overrides {base.__name__}.forward"
     if isinstance(m.weight, nn.parameter.UninitializedParameter):
         return f"Lazy{base.__name__} is not initialized yet (run one forward first)"
-    if has_hooks(m):
-        return f"the {what} module has hooks, which the fused op would not run"
-    return None
+    return hooks_problem(m, what)
 
 
 def conv_module_problem(m: nn.Module) -> Optional[str]:
@@ -77,9 +95,7 @@ def bn_module_problem(m: nn.Module) -> Optional[str]:
         m.running_mean, nn.parameter.UninitializedBuffer
     ):
         return "LazyBatchNorm2d is not initialized yet (run one forward first)"
-    if has_hooks(m):
-        return "the BatchNorm module has hooks, which the fused op would not run"
-    return None
+    return hooks_problem(m, "BatchNorm")
 
 
 def norm_act_problem(m: nn.Module) -> Optional[str]:

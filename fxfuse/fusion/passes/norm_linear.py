@@ -31,7 +31,7 @@ from . import estimates
 from .calls import as_linear, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
-from .matchers import first_input, has_hooks, reads_only_metadata, site_name
+from .matchers import first_input, hooks_problem, reads_only_metadata, site_name
 
 _LAYER_NORM_SIGNATURE = inspect.signature(F.layer_norm)
 
@@ -44,8 +44,8 @@ def _as_layer_norm(node: fx.Node, ctx: PassContext) -> tuple[Optional[dict[str, 
             return None, None
         if type(m).forward is not nn.LayerNorm.forward:
             return None, f"{type(m).__name__} overrides LayerNorm.forward"
-        if has_hooks(m):
-            return None, "the LayerNorm module has hooks, which the fused op would not run"
+        if hooks_problem(m, "LayerNorm"):
+            return None, hooks_problem(m, "LayerNorm")
         if len(m.normalized_shape) != 1:
             return None, "the layer norm is over more than the last dimension"
         if len(node.args) != 1 or node.kwargs:

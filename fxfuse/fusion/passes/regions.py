@@ -34,6 +34,7 @@ from torch import nn
 
 from .. import recompute, runtime, tracing, user_checkpoint
 from .inplace_add import plain_batch_norm
+from .matchers import describe_hooks, has_hooks
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -128,6 +129,13 @@ def _region(name: str, kind: str, nodes: list[fx.Node], modules: dict[str, nn.Mo
         region.problem = f"{len(outputs)} of its values are used after it (a region has one output)"
     if any(isinstance(n.target, user_checkpoint.CheckpointCall) for n in nodes):
         region.problem = user_checkpoint.WINS
+    # (the root's own parameters are read, the root is not called: its hooks do not run in a region)
+    hooked = next(
+        (p for path in region.modules if path for p, m in modules[path].named_modules(prefix=path) if has_hooks(m)),
+        None,
+    )
+    if hooked is not None:
+        region.problem = f"{hooked} has {describe_hooks(modules[hooked])}, which its recompute would run again"
     return region
 
 
