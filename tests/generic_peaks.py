@@ -50,10 +50,9 @@ def measure_step(fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor], dy:
         t.grad = None
     keep: list[torch.Tensor] = []
     forward_peak, retained = _peak(_allocator_deltas(lambda: keep.append(fn()), CPU))
-    out = keep.pop()
-    out_bytes = out.numel() * out.element_size()
-    backward_growth, _ = _peak(_allocator_deltas(lambda: torch.autograd.backward(out, dy), CPU))
-    del out
+    out_bytes = keep[0].numel() * keep[0].element_size()
+    backward_growth, _ = _peak(_allocator_deltas(lambda: torch.autograd.backward(keep[0], dy), CPU))
+    keep.clear()
     for t in leaves:
         t.grad = None
     return Usage(forward_peak, retained - out_bytes, retained + backward_growth)

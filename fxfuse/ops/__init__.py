@@ -22,7 +22,7 @@ from . import (
     gelu_activation,
     layer_activation,
     norm_linear,
-    routing,
+    routing,  # noqa: F401  (fxfuse.ops.routing: the generic_path switch)
 )
 from .batch_norm import batch_norm_act
 from .batch_norm_conv import bn_act_conv
