@@ -26,6 +26,7 @@
 #include <ATen/ops/native_batch_norm_backward.h>
 #include <ATen/ops/var_mean.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include "../activation_ops.h"
@@ -60,6 +61,7 @@ void forward_into(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
     const OptTensor& weight, const OptTensor& bias, double eps, Act a, double act_param,
     at::Tensor& out) {
+  if (input.numel() == 0) return;  // ATen's kernels divide by the element count
   const auto sd = stats_dtype(input.scalar_type());
   const auto opts = input.options().dtype(sd);
   at::Tensor save_mean = at::empty({0}, opts), save_invstd = at::empty({0}, opts);
@@ -119,6 +121,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
   const bool need_bias = output_mask[2] && checks::given(bias);
   if (!output_mask[0] && !need_weight && !need_bias) return {};
   const auto sd = stats_dtype(input.scalar_type());
+  if (input.numel() == 0) {  // sums over no element (ATen's kernels divide by the count)
+    return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
+            need_weight ? at::zeros_like(*weight) : at::Tensor(),
+            need_bias ? at::zeros_like(*bias) : at::Tensor()};
+  }
   // g = dy * act'(z): the gradient reaching batch norm's output, in the input dtype.
   at::Tensor g = grad_out.to(input.scalar_type());
   if (a != Act::None) {
