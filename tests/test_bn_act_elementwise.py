@@ -126,3 +126,48 @@ def test_rejects_what_it_cannot_index():
         _E().bn_act(x, m, v, None, None, 1e-5, "relu", 0.0)
     with pytest.raises(ValueError, match="unknown activation"):
         _E().bn_act(x.contiguous(), m, v, None, None, 1e-5, "swish", 0.0)
+
+
+@pytest.mark.parametrize("act,p", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_inplace_forms_write_the_out_of_place_results(act, p, dtype, channels_last):
+    """The CUDA kernels' in-place forms: the elementwise pass writes over x (bn_act_,
+    bn_act_backward_) or dy (bn_act_backward_into_grad_), each element read before it is
+    written, after the per-channel sums are complete: the same bits as out of place."""
+    x, dy, w, b, mean, var = _data(dtype, channels_last)
+    y = x.clone()
+    assert _E().bn_act_(y, mean, var, w, b, 1e-5, act, p) is None
+    assert torch.equal(y, _E().bn_act(x, mean, var, w, b, 1e-5, act, p))
+    for batch_stats in (True, False):
+        for wmask in ([True, True], [False, False], [True, False]):
+            want = _E().bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, [True, *wmask])
+            y = x.clone()
+            got = _E().bn_act_backward_(dy, y, mean, var, w, b, 1e-5, act, p, batch_stats, wmask)
+            g = dy.clone()
+            got_into = _E().bn_act_backward_into_grad_(g, x, mean, var, w, b, 1e-5, act, p, batch_stats, wmask)
+            assert torch.equal(y, want[0]) and torch.equal(g, want[0])
+            for a, c, e in zip(got, got_into, want[1:]):
+                assert (a is None) == (c is None) == (e is None)
+                if e is not None:
+                    assert torch.equal(a, e) and torch.equal(c, e)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_bn_stats_two_passes_match_generic(dtype, channels_last):
+    x = _data(dtype, channels_last)[0] + 100.0  # a large mean: sum(x^2) - M mean^2 would cancel
+    got = _E().bn_stats(x)
+    want = _C().bn_stats(x)
+    rtol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 1e-5)  # half/bf16: float sums
+    for g, e in zip(got, want):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e, rtol=rtol, atol=rtol)
+
+
+def test_bn_stats_float64_matches_eager():
+    x = _data(torch.float64, True)[0]
+    mean, var, unbiased = _E().bn_stats(x)
+    torch.testing.assert_close(mean, x.mean((0, 2, 3)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(var, x.var((0, 2, 3), unbiased=False), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(unbiased, x.var((0, 2, 3)), rtol=1e-12, atol=1e-12)

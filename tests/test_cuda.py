@@ -8,6 +8,7 @@ on the host.
 """
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -138,3 +139,111 @@ def test_cuda_largest_batch_under_a_memory_fraction():
         assert torch.cuda.get_per_process_memory_fraction() == pytest.approx(0.9)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+CUDA_SHAPES = [(4, 6, 5, 7), (2, 67, 9, 11), (8, 160, 4, 4), (1, 3, 1, 1), (3, 33, 64, 65)]
+MASKS = [list(m) for m in itertools.product([False, True], repeat=3) if any(m)]
+
+
+def _cuda_case(shape, dtype, channels_last, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    C = shape[1]
+    sd = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.3).to("cuda", dtype)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to("cuda", dtype)
+    if channels_last:
+        x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
+    w = (torch.rand(C, generator=g, dtype=torch.float64) + 0.5).to("cuda", sd)
+    b = torch.randn(C, generator=g, dtype=torch.float64).to("cuda", sd)
+    return x, dy, w, b
+
+
+@needs_gpu
+@needs_cuda_kernels
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_cuda_bn_stats_and_inplace_forms(shape, dtype, channels_last):
+    """bn_stats (split reduction), bn_act_, bn_act_backward_ and bn_act_backward_into_grad_ on
+    CUDA against the generic path, and truly in place (same storage, same strides)."""
+    C = _extension.generic_kernels()
+    x, dy, w, b = _cuda_case(shape, dtype, channels_last)
+    stats = torch.ops.fxfuse.bn_stats(x)
+    for a, e in zip(stats, C.bn_stats(x)):
+        torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=TOL[dtype])
+    mean, var, _ = stats
+    for act, p in ACTS:
+        y = x.clone()
+        ptr = y.data_ptr()
+        torch.ops.fxfuse.bn_act_(y, mean, var, w, b, 1e-5, act, p)
+        assert y.data_ptr() == ptr
+        torch.testing.assert_close(y, C.bn_act(x, mean, var, w, b, 1e-5, act, p), rtol=TOL[dtype], atol=TOL[dtype])
+        for batch_stats in (True, False):
+            for mask in MASKS:
+                want = C.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, mask)
+                got = torch.ops.fxfuse.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, mask)
+                for a, e in zip(got, want):
+                    assert (a is None) == (e is None)
+                    if e is not None:
+                        torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=10 * TOL[dtype])
+                y, g = x.clone(), dy.clone()
+                py, pg = y.data_ptr(), g.data_ptr()
+                got_ = torch.ops.fxfuse.bn_act_backward_(dy, y, mean, var, w, b, 1e-5, act, p, batch_stats, mask[1:])
+                got_g = torch.ops.fxfuse.bn_act_backward_into_grad_(
+                    g, x, mean, var, w, b, 1e-5, act, p, batch_stats, mask[1:]
+                )
+                assert y.data_ptr() == py and g.data_ptr() == pg and y.stride() == x.stride()
+                ref = C.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, [True, *mask[1:]])
+                torch.testing.assert_close(y, ref[0], rtol=TOL[dtype], atol=10 * TOL[dtype])
+                torch.testing.assert_close(g, ref[0], rtol=TOL[dtype], atol=10 * TOL[dtype])
+                for a, c, e in zip(got_, got_g, ref[1:]):
+                    if e is not None:
+                        torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=10 * TOL[dtype])
+                        torch.testing.assert_close(c, e, rtol=TOL[dtype], atol=10 * TOL[dtype])
+
+
+@needs_gpu
+@needs_cuda_kernels
+@pytest.mark.parametrize("shape", CUDA_SHAPES[:3], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_cuda_batch_norm_act_matches_eager_cuda(shape, dtype, channels_last):
+    """fxfuse.ops.batch_norm_act on CUDA against eager F.batch_norm + activation on CUDA."""
+    from fxfuse.ops import batch_norm_act
+    from fxfuse.ops.checks import apply_activation
+
+    x, dy, w, b = _cuda_case(shape, dtype, channels_last, seed=1)
+    w, b = w.float() if dtype != torch.float64 else w, b.float() if dtype != torch.float64 else b
+    for act, p in ACTS:
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        ps = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for _ in range(2)]
+        stats = [(torch.zeros_like(w), torch.ones_like(w)) for _ in range(2)]
+        out = batch_norm_act(xs[0], *stats[0], *ps[0], True, 0.1, 1e-5, act, p)
+        ref = apply_activation(torch.nn.functional.batch_norm(xs[1], *stats[1], *ps[1], True, 0.1, 1e-5), act, p)
+        tol = TOL[dtype] * (10 if dtype in (torch.float16, torch.bfloat16) else 1)
+        torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+        out.backward(dy)
+        ref.backward(dy)
+        for a, e in zip((xs[0].grad, *(t.grad for t in ps[0])), (xs[1].grad, *(t.grad for t in ps[1]))):
+            torch.testing.assert_close(a, e, rtol=10 * tol, atol=10 * tol)
+        for a, e in zip(stats[0], stats[1]):
+            torch.testing.assert_close(a, e, rtol=tol, atol=tol)
+
+
+@needs_gpu
+@needs_cuda_kernels
+def test_cuda_bn_act_over_2_31_elements_takes_the_64_bit_path():
+    free = torch.cuda.mem_get_info()[0]
+    shape = (2, 64, 4100, 4100)  # 2.15e9 elements
+    if free < 3 * 2 * 64 * 4100 * 4100 * 2:
+        pytest.skip("not enough GPU memory for three > 2^31-element half tensors")
+    x = torch.randn(shape, device="cuda", dtype=torch.float16)
+    mean, var, _ = torch.ops.fxfuse.bn_stats(x)
+    # the last channel's statistics from its own slice (well below 2^31 elements)
+    last = x[:, -1:].contiguous()
+    torch.testing.assert_close(mean[-1:], last.float().mean((0, 2, 3)), rtol=1e-4, atol=1e-4)
+    out = torch.ops.fxfuse.bn_act(x, mean, var, None, None, 1e-5, "relu", 0.0)
+    want = torch.ops.fxfuse.bn_act(last, mean[-1:], var[-1:], None, None, 1e-5, "relu", 0.0)
+    torch.testing.assert_close(out[:, -1:], want, rtol=0, atol=0)
+    torch.ops.fxfuse.bn_act_(x, mean, var, None, None, 1e-5, "relu", 0.0)
+    torch.testing.assert_close(x[-1, -1], out[-1, -1], rtol=0, atol=0)

@@ -17,6 +17,10 @@ spec.loader.exec_module(importlib.util.module_from_spec(spec))
 expected = [
     ("bn_act", "CUDA"),
     ("bn_act_backward", "CUDA"),
+    ("bn_act_", "CUDA"),
+    ("bn_act_backward_", "CUDA"),
+    ("bn_act_backward_into_grad_", "CUDA"),
+    ("bn_stats", "CUDA"),
     ("conv_bn_act", "AutocastCUDA"),
     ("conv_act", "AutocastCUDA"),
     ("linear_act", "AutocastCUDA"),

@@ -93,6 +93,23 @@ inline at::Tensor act_backward(const at::Tensor& grad, const at::Tensor& z, Act 
   TORCH_INTERNAL_ASSERT(false, "fxfuse: unhandled activation");
 }
 
+// grad * act'(z) written into `out`, which may be grad or z itself (elementwise: each
+// element is read before it is written); same values as act_backward. Act::None copies.
+inline void act_backward_into(
+    at::Tensor& out, const at::Tensor& grad, const at::Tensor& z, Act act, double param) {
+  switch (act) {
+    case Act::None: out.copy_(grad); return;
+    case Act::ReLU: at::threshold_backward_out(out, grad, z, 0); return;
+    case Act::ReLU6: at::hardtanh_backward_out(out, grad, z, 0, 6); return;
+    case Act::LeakyReLU: at::leaky_relu_backward_out(out, grad, z, param, false); return;
+    case Act::GELU: at::gelu_backward_out(out, grad, z, "none"); return;
+    case Act::GELUTanh: at::gelu_backward_out(out, grad, z, "tanh"); return;
+    case Act::SiLU: at::silu_backward_out(out, grad, z); return;
+    case Act::Hardswish: at::hardswish_backward_out(out, grad, z); return;
+  }
+  TORCH_INTERNAL_ASSERT(false, "fxfuse: unhandled activation");
+}
+
 // ---- gelu / gelu_backward ----
 // Parses GELU's `approximate` argument: false for "none" (erf form), true for
 // "tanh". Anything else raises the RuntimeError that at::gelu raises.

@@ -99,7 +99,8 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_cpu_(
     double act_param, bool batch_stats, std::array<bool, 2> output_mask);
 
 // ---- host build of the CUDA kernels' per-element math (cpu/bn_act_elementwise.cpp),
-// for the tests; same signatures as bn_act / bn_act_backward ----
+// for the tests; same signatures as bn_act / bn_act_backward / bn_act_ / bn_act_backward_ /
+// bn_act_backward_into_grad_ / bn_stats ----
 at::Tensor bn_act_elementwise_host(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
@@ -110,5 +111,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_elementwise_host(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 3> output_mask);
+
+void bn_act_elementwise_host_(
+    const at::Tensor& self, const at::Tensor& mean, const at::Tensor& var,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    double eps, c10::string_view act, double act_param);
+
+std::tuple<at::Tensor, at::Tensor> bn_act_backward_elementwise_host_(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 2> output_mask);
+
+std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_elementwise_host_(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
+    double act_param, bool batch_stats, std::array<bool, 2> output_mask);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats_elementwise_host(const at::Tensor& input);
 
 }  // namespace fxfuse

@@ -140,6 +140,24 @@ C10_HOST_DEVICE inline T grad_input(
   return static_cast<T>(((g - k1) - xhat * k2) * scale);
 }
 
+// One element's terms of the per-channel sums batch norm's backward needs:
+// sum(g) and sum(g * (x - mean)) (times invstd once per channel, after the sum).
+template <typename T, typename A>
+C10_HOST_DEVICE inline void backward_terms(
+    T dy, T x, A mean, A scale, A bias, Act act, A param, A& sum_g, A& sum_gxm) {
+  const A g = grad_z<T, A>(dy, x, mean, scale, bias, act, param);
+  sum_g += g;
+  sum_gxm += g * (static_cast<A>(x) - mean);
+}
+
+// bn_stats in two passes over x, each a per-channel sum in A: sum(x) gives the mean,
+// then sum((x - mean)^2) the variance (no cancellation, unlike sum(x^2) - M mean^2).
+template <typename T, typename A>
+C10_HOST_DEVICE inline A centered_square(T x, A mean) {
+  const A d = static_cast<A>(x) - mean;
+  return d * d;
+}
+
 // Layout of a dense 4-D (N, C, H, W) tensor: contiguous NCHW or channels_last.
 struct Layout {
   int64_t N, C, HW;

@@ -9,6 +9,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <optional>
+#include <tuple>
 
 #include "bn_act.h"
 #include "bn_act_elementwise.h"
@@ -47,6 +48,41 @@ inline Coefficients coefficients(
   cf.bias = bias.has_value() && bias->defined() ? bias->to(opts).contiguous()
                                                 : at::zeros({input.size(1)}, opts);
   return cf;
+}
+
+// The per-channel results of bn_act_backward's reduction, from the raw sums sum(g) and
+// sum(g * (x - mean)) over the channel's M elements: sum_g (grad_bias), sum_gx =
+// sum(g * xhat) (grad_weight), and with batch statistics k1 = sum_g / M, k2 = sum_gx / M
+// for the grad_input pass (undefined otherwise).
+struct BackwardSums {
+  at::Tensor sum_g, sum_gx, k1, k2;
+};
+
+inline BackwardSums backward_sums(
+    const at::Tensor& sum_g, const at::Tensor& sum_gxm, const Coefficients& cf, int64_t M,
+    bool batch_stats) {
+  BackwardSums r{sum_g, sum_gxm * cf.invstd, at::Tensor(), at::Tensor()};
+  if (batch_stats) {
+    r.k1 = r.sum_g / static_cast<double>(M);
+    r.k2 = r.sum_gx / static_cast<double>(M);
+  }
+  return r;
+}
+
+// (grad_weight, grad_bias) from the sums, in the parameters' dtypes, where asked for.
+inline std::tuple<at::Tensor, at::Tensor> parameter_grads(
+    const BackwardSums& sums, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, bool need_weight, bool need_bias) {
+  at::Tensor grad_weight, grad_bias;
+  if (need_weight && checks::given(weight)) grad_weight = sums.sum_gx.to(weight->scalar_type());
+  if (need_bias && checks::given(bias)) grad_bias = sums.sum_g.to(bias->scalar_type());
+  return {grad_weight, grad_bias};
+}
+
+// bn_stats' (mean, biased var, unbiased var) from sum((x - mean)^2) over M elements.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> stats_from_squares(
+    const at::Tensor& mean, const at::Tensor& sum_sq, int64_t M) {
+  return {mean, sum_sq / static_cast<double>(M), sum_sq / static_cast<double>(M - 1)};
 }
 
 }  // namespace fxfuse::elementwise

@@ -8,9 +8,27 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "activation_ops.h"
 #include "bn_act.h"
 #include "cpu/capability.h"
+#include "generic_path.h"
+
+namespace fxfuse {
+namespace {
+std::atomic<bool> generic_path_flag{[] {
+  const char* v = std::getenv("FXFUSE_GENERIC");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}()};
+}  // namespace
+
+bool generic_path() { return generic_path_flag.load(std::memory_order_relaxed); }
+
+bool set_generic_path(bool enabled) { return generic_path_flag.exchange(enabled); }
+}  // namespace fxfuse
 
 namespace {
 // Schemas that the test-only namespaces at the end share with torch.ops.fxfuse.
@@ -173,6 +191,9 @@ TORCH_LIBRARY(fxfuse_generic, m) {
                              kBnActBackwardIntoGrad, kGelu, kGeluBackward}) {
     m.def(schema);
   }
+  // The switch of generic_path.h: routes CPU tensors of torch.ops.fxfuse to these kernels.
+  m.def("set_enabled(bool enabled) -> bool", [](bool enabled) { return fxfuse::set_generic_path(enabled); });
+  m.def("enabled() -> bool", [] { return fxfuse::generic_path(); });
 }
 
 TORCH_LIBRARY_IMPL(fxfuse_generic, CompositeExplicitAutograd, m) {
@@ -189,6 +210,10 @@ TORCH_LIBRARY_IMPL(fxfuse_generic, CompositeExplicitAutograd, m) {
 TORCH_LIBRARY(fxfuse_elementwise, m) {
   m.def(kBnAct, &fxfuse::bn_act_elementwise_host);
   m.def(kBnActBackward, &fxfuse::bn_act_backward_elementwise_host);
+  m.def(kBnActInplace, &fxfuse::bn_act_elementwise_host_);
+  m.def(kBnActBackwardInplace, &fxfuse::bn_act_backward_elementwise_host_);
+  m.def(kBnActBackwardIntoGrad, &fxfuse::bn_act_backward_into_grad_elementwise_host_);
+  m.def(kBnStats, &fxfuse::bn_stats_elementwise_host);
 }
 
 // `import fxfuse._C` runs the registrations above. The module holds only what the tests

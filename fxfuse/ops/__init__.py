@@ -6,7 +6,8 @@ fake kernels and its autograd formulas; `checks` holds what they share. Importin
 this package loads fxfuse._C (which defines the schemas and the CPU and
 device-generic kernels) and then registers every family's fake kernels and autograd.
 `compiled` holds the opt-in ATen compositions the wrappers run under torch.compile;
-`flops` the ops' formulas for torch.utils.flop_counter.
+`flops` the ops' formulas for torch.utils.flop_counter; `routing` the switch
+(`generic_path()`) that runs the device-generic implementations on CPU.
 """
 
 from .. import _extension
@@ -21,6 +22,7 @@ from . import (
     gelu_activation,
     layer_activation,
     norm_linear,
+    routing,  # noqa: F401  (fxfuse.ops.routing: the generic_path switch)
 )
 from .batch_norm import batch_norm_act
 from .batch_norm_conv import bn_act_conv
@@ -31,6 +33,7 @@ from .convolution import conv2d
 from .gelu_activation import gelu
 from .layer_activation import act_linear, act_linear_scale, conv_act, linear_act
 from .norm_linear import layer_norm_linear
+from .routing import generic_path
 
 if _extension.loaded():
     _FAMILIES = (
@@ -59,6 +62,7 @@ __all__ = [
     "conv_bn_act",
     "conv_layer_norm_linear",
     "gelu",
+    "generic_path",
     "layer_norm_linear",
     "linear_act",
 ]

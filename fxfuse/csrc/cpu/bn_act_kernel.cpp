@@ -24,7 +24,6 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/batch_norm_update_stats.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
@@ -41,6 +40,7 @@
 #include "../activation_ops.h"
 #include "../bn_act.h"
 #include "../checks.h"
+#include "../generic_path.h"
 #include "bn_act_kernel.h"
 #include "bn_act_kernel_impl.h"
 #include "gelu_kernel.h"
@@ -174,24 +174,13 @@ void stats_nchw_float(const cpu::Geometry& g, const float* x, float* mean, float
   });
 }
 
-// (mean, biased var, unbiased var) from ATen's own batch_norm reduction: eager's bits.
-// With momentum 1 the running-statistics update becomes a copy, rounded as eager rounds it,
-// of the batch mean and the unbiased variance (1 * v + 0 * 0) into the zero buffers.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> aten_stats(const at::Tensor& input) {
-  const auto opts = input.options().dtype(stats_dtype(input.scalar_type()));
-  at::Tensor running_mean = at::zeros({input.size(1)}, opts);
-  at::Tensor unbiased = at::zeros({input.size(1)}, opts);
-  auto [mean, var] = at::batch_norm_update_stats(input, running_mean, unbiased, 1.0);
-  return {mean, var, unbiased};
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats_cpu(const at::Tensor& input) {
   checks::bn_input(input, "bn_stats");
-  if (input.numel() == 0) return bn_stats_generic(input);
+  if (input.numel() == 0 || generic_path()) return bn_stats_generic(input);
   const auto geo = geometry(input);
-  if (input.scalar_type() != at::kFloat || !geo || geo->first.nhwc) return aten_stats(input);
+  if (input.scalar_type() != at::kFloat || !geo || geo->first.nhwc) return bn_stats_generic(input);  // ATen's own reduction
   const int64_t C = input.size(1), M = input.numel() / C;
   at::Tensor mean = at::empty({C}, input.options());
   at::Tensor var = at::empty({C}, input.options());
@@ -238,7 +227,7 @@ bool costly_derivative(Act a) {
 
 // Whether the hand-written backward kernels take this call (else: the generic path).
 bool backward_fast(const at::Tensor& grad_out, const at::Tensor& input) {
-  return fast_dtype(input.scalar_type()) && geometry(input) && input.numel() != 0 &&
+  return !generic_path() && fast_dtype(input.scalar_type()) && geometry(input) && input.numel() != 0 &&
       grad_out.defined() && grad_out.device().is_cpu() && grad_out.sizes() == input.sizes();
 }
 
@@ -323,7 +312,7 @@ at::Tensor bn_act_cpu(
   checks::bn_args(input, mean, var, weight, bias, "bn_act");
   const Act a = parse_act(act);
   const auto geo = geometry(input);
-  if (!fast_dtype(input.scalar_type()) || !geo) {
+  if (!fast_dtype(input.scalar_type()) || !geo || generic_path()) {
     return bn_act_generic(input, mean, var, weight, bias, eps, act, act_param);
   }
   at::Tensor out = at::empty_like(input);
@@ -338,7 +327,7 @@ void bn_act_cpu_(
   checks::bn_args(self, mean, var, weight, bias, "bn_act_");
   const Act a = parse_act(act);
   const auto geo = geometry(self);
-  if (!fast_dtype(self.scalar_type()) || !geo) {
+  if (!fast_dtype(self.scalar_type()) || !geo || generic_path()) {
     bn_act_generic_(self, mean, var, weight, bias, eps, act, act_param);
     return;
   }
@@ -393,6 +382,11 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_cpu_(
   // grad_input over grad_out is safe when that view is grad_out itself (the reductions
   // finish before the last pass, which reads each element before writing it).
   // Otherwise: bn_act_backward, then a copy.
+  if (generic_path()) {
+    return bn_act_backward_into_grad_generic_(
+        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
+        output_mask);
+  }
   if (!backward_fast(grad_out, input) || grad_out.scalar_type() != input.scalar_type() ||
       !grad_out.is_contiguous(geo->second)) {
     auto [grad_input, grad_weight, grad_bias] = bn_act_backward_cpu(

@@ -10,6 +10,7 @@
 
 #include "../checks.h"
 #include "../conv_ops.h"
+#include "../generic_path.h"
 #include "depthwise_kernel.h"
 
 namespace fxfuse {
@@ -64,7 +65,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cpu(
     const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
     at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> output_mask) {
   const bool want_bias = output_mask[2] && checks::given(bias);
-  if (!(output_mask[1] || want_bias) ||
+  if (!(output_mask[1] || want_bias) || generic_path() ||
       !depthwise_kernel_applies(grad_out, input, weight, groups, stride, padding, dilation)) {
     return conv2d_backward_generic(
         grad_out, input, weight, bias, stride, padding, dilation, groups, output_mask);

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "../activation_ops.h"
+#include "../generic_path.h"
 #include "gelu_kernel.h"
 #include "gelu_kernel_impl.h"
 
@@ -143,7 +144,7 @@ bool onednn_runs_gelu() { return onednn_gelu(); }
 
 at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate) {
   const bool tanh = gelu_is_tanh(approximate, "gelu");
-  if (!flat_ok(self)) return gelu_generic(self, approximate);
+  if (!flat_ok(self) || generic_path()) return gelu_generic(self, approximate);
   at::Tensor out = empty_elementwise_like(self);
   if (self.scalar_type() == at::kFloat && !tanh && onednn_gelu()) {
     at::Tensor out_flat = flat(out);
@@ -163,7 +164,7 @@ at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate) {
 at::Tensor gelu_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& self, c10::string_view approximate) {
   const bool tanh = gelu_is_tanh(approximate, "gelu_backward");
-  if (!flat_ok(self) || !grad_output.device().is_cpu() ||
+  if (!flat_ok(self) || generic_path() || !grad_output.device().is_cpu() ||
       grad_output.layout() != at::kStrided ||
       grad_output.scalar_type() != self.scalar_type() || grad_output.is_neg() ||
       grad_output.sizes() != self.sizes() || grad_output.strides() != self.strides()) {

@@ -92,10 +92,10 @@ bn_act_conv_backward(
   x.reset();
   grad_y.reset();
   at::Tensor grad_input, grad_in_weight, grad_in_bias;
-  if (output_mask[0] && grad_x.is_cpu()) {
-    // grad_x is ours: the prologue's grad_input goes over it (no fresh activation-sized
-    // buffer). Only the CPU kernels do this truly in place; elsewhere the op's generic
-    // form would add a copy, so other devices take the out-of-place op below.
+  if (output_mask[0]) {
+    // grad_x is ours: the prologue's grad_input goes over it. The CPU and CUDA kernels do
+    // this truly in place; the generic form holds what eager's backward holds (g and
+    // grad_input) and copies.
     std::tie(grad_in_weight, grad_in_bias) = dispatch::bn_act_backward_into_grad_(
         grad_x, input, in_mean, in_var, in_weight, in_bias, in_eps, in_act, in_act_param,
         in_batch_stats, {output_mask[1], output_mask[2]});
@@ -103,7 +103,7 @@ bn_act_conv_backward(
   } else if (need_prologue) {
     std::tie(grad_input, grad_in_weight, grad_in_bias) = dispatch::bn_act_backward(
         grad_x, input, in_mean, in_var, in_weight, in_bias, in_eps, in_act, in_act_param,
-        in_batch_stats, {output_mask[0], output_mask[1], output_mask[2]});
+        in_batch_stats, {false, output_mask[1], output_mask[2]});
   }
   return {grad_input, grad_in_weight, grad_in_bias, grad_weight, grad_bias, grad_bn_weight,
           grad_bn_bias};
