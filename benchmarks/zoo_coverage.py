@@ -1,6 +1,10 @@
 """Conv→BN coverage of fxfuse.optimize on the model zoo: the "timm zoo coverage" table of docs/results.md.
 
-    python benchmarks/zoo_coverage.py [--per-model] [--models a,b] [--json out.json] [--threads 1]
+    python benchmarks/zoo_coverage.py [--zoo timm|wild] [--per-model] [--models a,b] [--json out.json] [--threads 1]
+
+--zoo wild measures the wild zoo instead (tests/wild_zoo.py: HF transformers, ultralytics,
+segmentation_models_pytorch, efficientnet_pytorch, torchvision's auxiliary-output models); a model
+whose library is not installed is skipped with a line on stderr.
 
 For every model of the test zoo (tests/timm_zoo.py, tests/dense_zoo.py: the same models the
 zoo tests check) at its zoo resolution and batch, float32, train mode, mode="memory":
@@ -30,6 +34,7 @@ from conv_bn_sites import coverage, existing_sites  # noqa: E402
 from dense_zoo import DETECTION_BACKBONES, SEGMENTATION  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 from timm_zoo import BY_NAME, ZOO  # noqa: E402
+from wild_zoo import WILD  # noqa: E402
 
 import fxfuse  # noqa: E402
 from fxfuse.measure import saved_activation_bytes  # noqa: E402
@@ -179,6 +184,7 @@ def memory_target() -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--zoo", choices=("timm", "wild"), default="timm", help="which zoo (default: timm)")
     parser.add_argument("--per-model", action="store_true", help="one row per model instead of per family")
     parser.add_argument("--models", help="comma-separated subset of the zoo")
     parser.add_argument("--json", help="also write every model's row here")
@@ -192,13 +198,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    entries = [*ZOO, *SEGMENTATION, *DETECTION_BACKBONES]
+    entries = [*ZOO, *SEGMENTATION, *DETECTION_BACKBONES] if args.zoo == "timm" else list(WILD)
+    if args.zoo == "wild":
+        args.no_memory_target = True
     if args.models:
         wanted = set(args.models.split(","))
         entries = [e for e in entries if e.name in wanted]
     rows = []
     for entry in entries:
-        rows.append(measure(entry))
+        try:
+            rows.append(measure(entry))
+        except ImportError as exc:
+            print(f"  {entry.name}: skipped ({exc})", file=sys.stderr)
+            continue
         print(
             f"  {entry.name}: {rows[-1].fused}/{rows[-1].sites} fused, optimize {rows[-1].optimize_s:.1f}s",
             file=sys.stderr,

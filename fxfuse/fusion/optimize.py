@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
+from torch.utils.module_tracker import ModuleTracker
 from torch.nn.modules import module as _nn_module
 
 from .. import _extension, measure
@@ -147,13 +148,16 @@ def _hooked(modules: list[nn.Module]) -> tuple[int, ...]:
 
 
 def _global_hooks() -> bool:
-    """Whether global module hooks that fire on every module call are registered."""
-    return bool(
-        _nn_module._global_forward_pre_hooks
-        or _nn_module._global_forward_hooks
-        or _nn_module._global_backward_pre_hooks
-        or _nn_module._global_backward_hooks
+    """Whether global module hooks that fire on every module call are registered (other than the
+    bookkeeping of torch's own ModuleTracker, which FlopCounterMode uses: it only records which module
+    runs, and a fused site then counts under the module that called it)."""
+    hooks = (
+        *_nn_module._global_forward_pre_hooks.values(),
+        *_nn_module._global_forward_hooks.values(),
+        *_nn_module._global_backward_pre_hooks.values(),
+        *_nn_module._global_backward_hooks.values(),
     )
+    return any(not isinstance(getattr(h, "__self__", None), ModuleTracker) for h in hooks)
 
 
 _warned_global_hooks = False
