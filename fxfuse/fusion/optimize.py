@@ -34,8 +34,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
-from torch.utils.module_tracker import ModuleTracker
 from torch.nn.modules import module as _nn_module
+from torch.utils.module_tracker import ModuleTracker
 
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
