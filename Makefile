@@ -45,10 +45,12 @@ zoo-coverage: $(BUILT)
 	$(PY) benchmarks/zoo_coverage.py
 
 # ruff (configured in pyproject.toml): lint rules and the formatter's style; ruff format also checks
-# the python code blocks of every Markdown file (README.md, CHANGELOG.md, docs/*.md).
+# the python code blocks of every Markdown file (README.md, CHANGELOG.md, docs/*.md). lint-imports
+# (import-linter, contracts in pyproject.toml): the layers of docs/design.md, so that a back-edge fails.
 lint: $(DEPS)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 demo: $(BUILT)
 	$(PY) examples/resnet_demo.py

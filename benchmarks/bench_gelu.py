@@ -25,8 +25,7 @@ from tabulate import tabulate
 from torch import nn
 
 import fxfuse
-from fxfuse import measure
-from fxfuse.measure import bench
+from fxfuse import bench, measure
 
 SECTIONS = ("convnext", "vit", "bn_gelu", "efficientnet", "gelu")
 

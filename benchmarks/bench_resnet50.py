@@ -15,7 +15,7 @@ import sys
 import torch
 import torchvision
 
-from fxfuse.measure import bench
+from fxfuse import bench
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import argparse
 import torch
 import torchvision
 
-from fxfuse.measure import bench
+from fxfuse import bench
 
 
 def main() -> None:

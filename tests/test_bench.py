@@ -1,4 +1,4 @@
-"""fxfuse.measure.bench and `fxfuse bench`: variants, peers, the table and its JSON."""
+"""fxfuse.bench and `fxfuse bench`: variants, peers, the table and its JSON."""
 
 import copy
 import json
@@ -8,10 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from fxfuse import measure
+from fxfuse import bench, measure
 from fxfuse.cli import main
 from fxfuse.errors import ConfigurationError
-from fxfuse.measure import bench
 
 
 def small_net():

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import fxfuse
-from fxfuse.fusion.passes.known_modules import is_conv2d_same, is_known_leaf, is_norm_act, pad_same
+from fxfuse.fusion.known_modules import is_conv2d_same, is_known_leaf, is_norm_act, pad_same
 from fxfuse.testing import assert_equivalent
 
 timm_layers = pytest.importorskip("timm.layers")

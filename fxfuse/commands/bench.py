@@ -9,10 +9,11 @@ import sys
 
 import torch
 
+from .. import bench
 from ..errors import ConfigurationError
 from ..fusion import MODES
 from ..fusion.policy import RECOMPUTE_OPS
-from ..measure import bench, fit
+from ..measure import fit
 from ._common import add_model_arguments, load_model, parse_dtype
 
 

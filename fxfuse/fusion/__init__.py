@@ -1,4 +1,4 @@
-"""The fusion pipeline behind `fxfuse.optimize`, one module per layer:
+"""The fusion pipeline behind `fxfuse.optimize`, in the order one call runs it:
 
     tracing (+ state_guard)  trace the model with torch.fx, never changing it
     shapes                   tensor metadata of the graph from example inputs (meta device)
@@ -8,8 +8,9 @@
     report                   FusionReport
     optimize                 optimize / explain: trace → passes → install on the user's module
 
-Each layer calls only the ones listed above it. (`_rebuild` stays importable here:
-pickles of optimized models name it `fxfuse.fusion._rebuild`.)
+Which module may import which: docs/design.md "Layers", checked by `make lint` (import-linter
+contracts in pyproject.toml). (`_rebuild` stays importable here: pickles of optimized models
+name it `fxfuse.fusion._rebuild`.)
 """
 
 from .optimize import MODES, Options, _rebuild, explain, is_optimized, optimize  # noqa: F401

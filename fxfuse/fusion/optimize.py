@@ -41,7 +41,7 @@ from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
 from ..ops.higher_order import transformed
 from . import example_inputs as _example_inputs
-from . import layout, policy, region_costs, shapes, tracing, user_checkpoint
+from . import graphs, layout, policy, region_costs, shapes, tracing, user_checkpoint
 from .passes import PassContext, regions, run_passes
 from .passes.driver import SITE_META
 from .report import FusionReport, SkippedSite
@@ -304,7 +304,7 @@ def _build(root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any
         report.notes.extend(regions.apply(traced.graph, root, state.options.regions, state.options.flat_links))
     key = _key(state, example_inputs or ())
     state.fx_graphs[key] = traced.graph
-    fn = tracing.compile_graph(traced.graph)
+    fn = graphs.compile_graph(traced.graph)
     state.last_key = key
     state.graphs[key] = fn
     state.reports[key] = report

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from .. import ops
 from ..ops.checks import apply_activation, conv_geometry, kernels_apply, layer_kernels_apply
-from .passes.known_modules import is_conv2d_same, is_norm_act, pad_same
+from .known_modules import is_conv2d_same, is_norm_act, pad_same
 
 
 def bn_call_config(bn: nn.BatchNorm2d) -> tuple[Optional[Tensor], Optional[Tensor], bool, float]:

@@ -40,8 +40,8 @@ from torch import nn
 from .. import measure
 from ..errors import TracingError
 from . import user_checkpoint
-from .passes.known_modules import is_known_leaf
-from .passes.matchers import describe_hooks, has_hooks
+from .hooks import describe_hooks, has_hooks
+from .known_modules import is_known_leaf
 from .state_guard import StateGuard
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -326,15 +326,3 @@ def _trace(root: nn.Module, forward_class, example_inputs, concrete_paths: froze
         tracer.specialized,
         dict(tracer.hooked),
     )
-
-
-def compile_graph(graph: fx.Graph):
-    """Python function `fn(module, *args, **kwargs)` running `graph` with `module` as `self`.
-
-    Unlike a GraphModule, it copies nothing: every parameter, buffer and submodule is
-    looked up on the live module at call time, so `.to()`, `.double()`, `load_state_dict`
-    and parameter swaps act on what the graph uses.
-    """
-    code = graph.python_code(root_module="self")
-    fn = fx.graph_module._forward_from_src(code.src, code.globals)
-    return fn

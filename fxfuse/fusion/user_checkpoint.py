@@ -34,6 +34,8 @@ import torch.fx as fx
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 
+from .graphs import compile_graph, subgraph
+
 KEY = "fxfuse_user_checkpoint"  # node.meta: index of the innermost user checkpoint region the node was traced in
 WINS = (
     "it holds the model's own torch.utils.checkpoint region: the model's checkpoint wins, and fxfuse does not "
@@ -163,9 +165,6 @@ def extract(graph: fx.Graph, specs: list[Spec], site_key: str) -> list[str]:
 
     `site_key`: the node.meta key of the fused sites, to count those inside each region.
     """
-    from . import tracing
-    from .passes import regions
-
     notes = []
     starts: dict[int, fx.Node] = {}
     for node in list(graph.nodes):
@@ -189,7 +188,7 @@ def extract(graph: fx.Graph, specs: list[Spec], site_key: str) -> list[str]:
             if not members:
                 continue
             name = f"checkpoint({spec.what or _span(members) or spec.function})"
-            call = _extract_one(graph, name, members, user_args, spec, regions, tracing)
+            call = _extract_one(graph, name, members, user_args, spec)
             kind = "reentrant" if call.reentrant else "non-reentrant"
             notes.append(
                 f"{name}: the model's own torch.utils.checkpoint ({kind}) kept as a checkpoint region, "
@@ -239,7 +238,7 @@ def _is_fxfuse_call(node: fx.Node) -> bool:
     return node.op == "call_function" and str(getattr(node.target, "__module__", "")).startswith("fxfuse.")
 
 
-def _extract_one(graph, name, members, user_args, spec, regions, tracing) -> CheckpointCall:
+def _extract_one(graph, name, members, user_args, spec) -> CheckpointCall:
     inside = set(members)
     captured: dict[fx.Node, None] = {}
     for node in members:
@@ -247,8 +246,8 @@ def _extract_one(graph, name, members, user_args, spec, regions, tracing) -> Che
             if arg not in inside and arg.op != "get_attr" and arg not in user_args:
                 captured[arg] = None
     outputs = [n for n in members if any(u not in inside for u in n.users)]
-    sub, components = regions.subgraph(members, [*user_args, *captured], outputs)
-    call = CheckpointCall(name, tracing.compile_graph(sub), components, dict(spec.options))
+    sub, components = subgraph(members, [*user_args, *captured], outputs)
+    call = CheckpointCall(name, compile_graph(sub), components, dict(spec.options))
     with graph.inserting_before(members[-1].next):
         parts = tuple(graph.get_attr(c) for c in components)
         new = graph.call_function(call, (parts, tuple(captured), *user_args))

@@ -2,9 +2,9 @@
 
 `fxfuse.measure` holds the memory and time measurements (`memory.py`) and the step
 peak counted on a meta-device copy (`peak.py`); `fit.py` finds the largest batch within a
-memory cap, counted on meta or measured with real steps (`largest_batch`);
-`fxfuse.measure.bench` runs model variants side by side and renders the comparison
-(`fxfuse bench`).
+memory cap, counted on meta or measured with real steps (`largest_batch`). The side-by-side
+benchmark built on them (`fxfuse bench`) is `fxfuse.bench`, above `fxfuse.fusion`, which
+imports this package.
 """
 
 from .fit import largest_batch

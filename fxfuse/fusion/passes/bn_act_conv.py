@@ -21,10 +21,10 @@ import torch.fx as fx
 from torch import nn
 
 from .. import runtime, user_checkpoint
+from ..known_modules import is_conv2d_same
 from . import estimates
 from .context import PassContext
 from .driver import SITE_META as SITE
-from .known_modules import is_conv2d_same
 from .matchers import conv_module_problem
 
 

@@ -17,11 +17,11 @@ from typing import Optional
 import torch.fx as fx
 
 from ... import ops
+from ..known_modules import is_conv2d_same
 from . import estimates
 from .calls import as_conv, conv_arguments, conv_weight_shape, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
-from .known_modules import is_conv2d_same
 from .matchers import permute_of, site_name
 from .norm_linear import norm_linear_at, redirect_shape_reads
 

@@ -20,8 +20,8 @@ from torch import nn
 
 from ... import ops
 from .. import runtime, user_checkpoint
+from ..hooks import has_hooks
 from .context import PassContext
-from .matchers import has_hooks
 from .rewrite import replace_chain
 
 _ADDS = (operator.add, operator.iadd)

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .known_modules import is_conv2d_same, is_norm_act
+from ..hooks import has_hooks, hooks_problem
+from ..known_modules import is_conv2d_same, is_norm_act
 
 
 @dataclass(frozen=True)
@@ -32,32 +33,6 @@ class Activation:
 
 def module_of(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[nn.Module]:
     return modules.get(node.target) if node.op == "call_module" else None
-
-
-def has_hooks(m: nn.Module) -> bool:
-    """Whether `m` has module hooks that Module.__call__ runs (forward pre, forward, backward pre, backward)."""
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
-
-
-def describe_hooks(m: nn.Module) -> str:
-    """`m`'s hooks in words: "a forward hook", "forward pre and full backward hooks"."""
-    by_kind = {
-        "forward pre": m._forward_pre_hooks,
-        "forward": m._forward_hooks,
-        "backward pre": m._backward_pre_hooks,
-        "full backward" if m._is_full_backward_hook else "backward": m._backward_hooks,
-    }
-    kinds = [kind for kind, hooks in by_kind.items() if hooks]
-    if sum(map(len, by_kind.values())) == 1:
-        return f"a {kinds[0]} hook"
-    return f"{' and '.join(kinds)} hooks"
-
-
-def hooks_problem(m: nn.Module, what: str) -> Optional[str]:
-    """Why module `m` must stay a module call for its hooks (None if it has none)."""
-    if not has_hooks(m):
-        return None
-    return f"the {what} module has {describe_hooks(m)}; kept as a module call so that its hooks fire as in eager"
 
 
 def layer_module_problem(m: nn.Module, base: type, what: str, forward_ok: bool = False) -> Optional[str]:

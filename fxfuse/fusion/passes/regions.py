@@ -32,9 +32,10 @@ from typing import Optional, Sequence
 import torch.fx as fx
 from torch import nn
 
-from .. import recompute, runtime, tracing, user_checkpoint
+from .. import recompute, runtime, user_checkpoint
+from ..graphs import compile_graph, subgraph
+from ..hooks import describe_hooks, has_hooks
 from .inplace_add import plain_batch_norm
-from .matchers import describe_hooks, has_hooks
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -180,39 +181,12 @@ def _fuse_batch_norms(graph: fx.Graph, nodes: list[fx.Node], modules: dict[str, 
     return out
 
 
-def subgraph(
-    nodes: Sequence[fx.Node], inputs: Sequence[fx.Node], outputs: Sequence[fx.Node]
-) -> tuple[fx.Graph, tuple[str, ...]]:
-    """A graph of its own computing `nodes` from `inputs` (one placeholder each, in order; a node given twice
-    is read from its first) and returning `outputs` (one node: itself, else a tuple), and the components:
-    the first part of every attribute path it reads (`layer1` for `layer1.0.conv1`), which the caller passes
-    as the compiled graph's owner."""
-    sub = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for i, n in enumerate(inputs):
-        env.setdefault(n, sub.placeholder(f"{n.name}_{i}"))
-    components: dict[str, None] = {}
-
-    def lookup(n: fx.Node) -> fx.Node:
-        if n not in env:  # a get_attr: read through the owner's components
-            components[str(n.target).split(".")[0]] = None
-            env[n] = sub.get_attr(n.target)
-        return env[n]
-
-    for node in nodes:
-        if node.op == "call_module":
-            components[str(node.target).split(".")[0]] = None
-        env[node] = sub.node_copy(node, lookup)
-    sub.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[o] for o in outputs))
-    return sub, tuple(components)
-
-
 def extract(graph: fx.Graph, name: str, nodes: list[fx.Node], module_paths: Sequence[str]) -> fx.Node:
     """Replace the consecutive `nodes` (one output) by a RegionCall node running a compiled copy of them."""
     inputs, outputs = _boundary(nodes)
     (output,) = outputs
     sub, components = subgraph(nodes, inputs, outputs)
-    call = recompute.RegionCall(name, tracing.compile_graph(sub), components, tuple(module_paths))
+    call = recompute.RegionCall(name, compile_graph(sub), components, tuple(module_paths))
     with graph.inserting_before(nodes[0]):
         parts = tuple(graph.get_attr(c) for c in components)
         new = graph.call_function(call, (parts, *inputs))

@@ -35,9 +35,9 @@ from tabulate import tabulate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..errors import ConfigurationError
-from ..fusion import MODES, optimize
-from . import fit, memory
+from .errors import ConfigurationError
+from .fusion import MODES, optimize
+from .measure import fit, memory
 
 PEERS = ("checkpoint", "compile", "compile-budget", "compile-fxfuse", "compile-fxfuse-composed")
 EAGER_CHANNELS_LAST = "eager-channels_last"
@@ -134,7 +134,7 @@ class ComposedCompiled(nn.Module):
         self.compiled = torch.compile(model)
 
     def forward(self, *args, **kwargs):
-        from ..ops import compiled
+        from .ops import compiled
 
         enabled, compiled.enabled = compiled.enabled, True
         try:
