@@ -61,6 +61,9 @@ def extension():
     # costs ~40% of the compile time and 35 MB of the .so (FXFUSE_DEBUG=1 keeps it).
     cxx = ["-O0", "-g"] if debug else ["-O3", "-g0"]
     cxx += ["-fopenmp", "-Wno-unused-function"]
+    # A switch over Act (csrc/act.h) that misses an activation fails the build: adding one
+    # to FXFUSE_ACTIVATIONS then names every kernel that must handle it.
+    cxx += ["-Werror=switch"]
     # No fusing of a * b + c into an FMA behind the source's back: the hand-written CPU
     # kernels (csrc/cpu/) round like the ATen ops they reproduce. Their AVX2 builds
     # enable AVX2/FMA per function (#pragma GCC target in cpu/*_avx2.cpp, picked at

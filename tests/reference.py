@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
+from fxfuse.ops.activations import REGISTRY
 from fxfuse.ops.checks import apply_activation
 
-# Every activation the fused ops take, with leaky_relu's negative slope: (act, act_param).
-ACTS = [
-    ("none", 0.0),
-    ("relu", 0.0),
-    ("relu6", 0.0),
-    ("leaky_relu", 0.1),
-    ("gelu", 0.0),
-    ("gelu_tanh", 0.0),
-    ("silu", 0.0),
-    ("hardswish", 0.0),
-]
+# Every activation the fused ops take, with act_param 0.1 where it means something
+# (leaky_relu's negative slope): (act, act_param).
+ACTS = [(name, 0.1 if spec.takes_param else 0.0) for name, spec in REGISTRY.items()]
 
 
 def conv_bn_act(

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from fxfuse import _extension
+from fxfuse.ops.activations import REGISTRY
 
 pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 
@@ -26,17 +27,8 @@ if _extension.loaded():
     _C = _extension.generic_kernels()
     ops = torch.ops.fxfuse
 
-ACTS = [
-    ("none", 0.0),
-    ("relu", 0.0),
-    ("relu6", 0.0),
-    ("leaky_relu", 0.01),
-    ("leaky_relu", 0.2),
-    ("gelu", 0.0),
-    ("gelu_tanh", 0.0),
-    ("silu", 0.0),
-    ("hardswish", 0.0),
-]
+# Every activation, with two act_params where it takes one (leaky_relu's slope).
+ACTS = [(name, p) for name, spec in REGISTRY.items() for p in ((0.01, 0.2) if spec.takes_param else (0.0,))]
 ACT_IDS = [f"{a}{p:g}" if p else a for a, p in ACTS]
 
 # Odd sizes on purpose: C=1/3/17, H*W=1/7/35 (vector remainders), N=1.

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from fxfuse import _extension
+from fxfuse.ops.activations import ACTIVATIONS
 
 pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 
@@ -333,7 +334,7 @@ LINEAR_FAMILY = {
 
 
 @pytest.mark.parametrize("op", LINEAR_FAMILY)
-@pytest.mark.parametrize("act", ["none", "relu", "relu6", "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish"])
+@pytest.mark.parametrize("act", ACTIVATIONS)
 @pytest.mark.parametrize("shape", [(), (5,), (3, 4), (2, 0)], ids=["1d", "2d", "3d", "empty"])
 def test_linear_family_matches_eager(op, act, shape):
     fused, eager, scale = LINEAR_FAMILY[op]

@@ -2,8 +2,7 @@
 // fused ops (bn_act, linear_act, conv_act), and the declarations of the GELU and
 // linear/conv + activation op family.
 //
-// The activation names and the Act enum are those of act.h ("none", "relu",
-// "relu6", "leaky_relu", "gelu", "gelu_tanh", "silu", "hardswish"; act_param is
+// The activation names and the Act enum are those of act.h (act_param is
 // leaky_relu's negative_slope and ignored by the others). Each activation is the
 // ATen op that eager PyTorch runs for it (F.relu6 is hardtanh(z, 0, 6), ...), so
 // the fused ops compute exactly what the eager composition computes.
@@ -25,26 +24,22 @@
 
 #include <array>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "bn_act.h"
 
 namespace fxfuse {
 
-// Parses the activation name used in the op schemas ("none", "relu", "relu6", "leaky_relu",
-// "gelu", "gelu_tanh", "silu", "hardswish"); an unknown name is a ValueError, as in Python.
+// Parses the activation name used in the op schemas (act.h's kActNames); an unknown
+// name is a ValueError, worded as fxfuse.ops.checks.check_act words it.
 inline Act parse_act(c10::string_view name) {
-  if (name == "none") return Act::None;
-  if (name == "relu") return Act::ReLU;
-  if (name == "relu6") return Act::ReLU6;
-  if (name == "leaky_relu") return Act::LeakyReLU;
-  if (name == "gelu") return Act::GELU;
-  if (name == "gelu_tanh") return Act::GELUTanh;
-  if (name == "silu") return Act::SiLU;
-  if (name == "hardswish") return Act::Hardswish;
-  TORCH_CHECK_VALUE(
-      false, "fxfuse: unknown activation '", name,
-      "'; expected one of none, relu, relu6, leaky_relu, gelu, gelu_tanh, silu, hardswish");
+  for (int i = 0; i < kNumActs; ++i) {
+    if (name == kActNames[i]) return static_cast<Act>(i);
+  }
+  std::string expected;
+  for (const char* known : kActNames) expected += (expected.empty() ? "" : ", ") + std::string(known);
+  TORCH_CHECK_VALUE(false, "fxfuse: unknown activation '", name, "'; expected one of ", expected);
 }
 
 // act(z), out of place.

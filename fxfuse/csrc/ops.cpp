@@ -217,7 +217,7 @@ TORCH_LIBRARY(fxfuse_elementwise, m) {
 }
 
 // `import fxfuse._C` runs the registrations above. The module holds only what the tests
-// ask about the CPU kernels' build selection (cpu/capability.h).
+// ask: the CPU kernels' build selection (cpu/capability.h) and the activation names.
 namespace {
 PyObject* py_cpu_id(PyObject*, PyObject*) {
   const fxfuse::cpu::CpuId id = fxfuse::cpu::read_cpu_id();
@@ -235,11 +235,26 @@ PyObject* py_cpu_kernel_build(PyObject*, PyObject*) {
   return PyUnicode_FromString(fxfuse::cpu::kernel_build().c_str());
 }
 
+PyObject* py_activations(PyObject*, PyObject*) {
+  PyObject* names = PyTuple_New(fxfuse::kNumActs);
+  if (names == nullptr) return nullptr;
+  for (int i = 0; i < fxfuse::kNumActs; ++i) {
+    PyObject* name = PyUnicode_FromString(fxfuse::kActNames[i]);
+    if (name == nullptr) {
+      Py_DECREF(names);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(names, i, name);
+  }
+  return names;
+}
+
 PyMethodDef methods[] = {
     {"_cpu_id", py_cpu_id, METH_NOARGS, "(CPUID.1:ECX, CPUID.7.0:EBX, XCR0) of this CPU"},
     {"_avx2_fma_usable", py_avx2_fma_usable, METH_VARARGS,
      "Whether the AVX2 kernels can run given (CPUID.1:ECX, CPUID.7.0:EBX, XCR0)"},
     {"_cpu_kernel_build", py_cpu_kernel_build, METH_NOARGS, "The CPU kernel build in use: 'AVX2' or 'DEFAULT'"},
+    {"_activations", py_activations, METH_NOARGS, "The activation names of the op schemas, in Act order (act.h)"},
     {nullptr, nullptr, 0, nullptr}};
 }  // namespace
 

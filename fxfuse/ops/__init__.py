@@ -2,7 +2,8 @@
 
 Each family module (`batch_norm`, `convolution`, `conv_batch_norm`, `batch_norm_conv`,
 `layer_activation`, `norm_linear`, `gelu_activation`) holds its wrappers with eager semantics and eager fallback, its
-fake kernels and its autograd formulas; `checks` holds what they share. Importing
+fake kernels and its autograd formulas; `checks` holds what they share, and `activations`
+the registry of the activations they apply. Importing
 this package loads fxfuse._C (which defines the schemas and the CPU and
 device-generic kernels) and then registers every family's fake kernels and autograd.
 `compiled` holds the opt-in ATen compositions the wrappers run under torch.compile;
@@ -12,6 +13,7 @@ device-generic kernels) and then registers every family's fake kernels and autog
 
 from .. import _extension
 from . import (
+    activations,
     batch_norm,
     batch_norm_conv,
     compiled,
@@ -24,9 +26,9 @@ from . import (
     norm_linear,
     routing,  # noqa: F401  (fxfuse.ops.routing: the generic_path switch)
 )
+from .activations import ACTIVATIONS
 from .batch_norm import batch_norm_act
 from .batch_norm_conv import bn_act_conv
-from .checks import ACTIVATIONS
 from .conv_batch_norm import conv_bn_act
 from .conv_norm_linear import conv_layer_norm_linear
 from .convolution import conv2d
@@ -54,6 +56,7 @@ __all__ = [
     "ACTIVATIONS",
     "act_linear",
     "act_linear_scale",
+    "activations",
     "batch_norm_act",
     "bn_act_conv",
     "compiled",

@@ -1,4 +1,5 @@
-"""What every fxfuse op family shares: the activations, and when a fused op may serve a call.
+"""What every fxfuse op family shares: applying and checking an activation (activations.py
+lists them), and when a fused op may serve a call.
 
 A fused op runs only where it computes exactly what the eager ops compute (same dtypes
 and devices eager would accept, autocast casts as eager's, strided floating tensors,
@@ -9,7 +10,7 @@ The fake kernels' shape helpers live here too.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,19 +18,8 @@ from torch import Tensor
 from torch.overrides import has_torch_function
 
 from .. import _extension
+from .activations import ACTIVATIONS, REGISTRY
 from .higher_order import transformed
-
-_ACT_FUNCS: dict[str, Callable[[Tensor, float], Tensor]] = {
-    "none": lambda x, p: x,
-    "relu": lambda x, p: F.relu(x),
-    "relu6": lambda x, p: F.relu6(x),
-    "leaky_relu": lambda x, p: F.leaky_relu(x, p),
-    "gelu": lambda x, p: F.gelu(x),
-    "gelu_tanh": lambda x, p: F.gelu(x, approximate="tanh"),
-    "silu": lambda x, p: F.silu(x),
-    "hardswish": lambda x, p: F.hardswish(x),
-}
-ACTIVATIONS = tuple(_ACT_FUNCS)
 
 IntPair = Union[int, Sequence[int]]
 
@@ -42,13 +32,13 @@ _REDUCED = (torch.float16, torch.bfloat16)
 
 def apply_activation(x: Tensor, act: str, act_param: float = 0.0) -> Tensor:
     """The eager activation that the fused ops compute (out of place)."""
-    return _ACT_FUNCS[act](x, act_param)
+    return REGISTRY[act].eager(x, act_param)
 
 
 def check_act(act: str) -> None:
-    """The one check of an activation name (wrappers and fake kernels alike)."""
+    """The one check of an activation name (wrappers and fake kernels alike; csrc's parse_act words it the same)."""
     torch._check_value(
-        act in _ACT_FUNCS, lambda: f"fxfuse: unknown activation {act!r}; expected one of {', '.join(ACTIVATIONS)}"
+        act in REGISTRY, lambda: f"fxfuse: unknown activation {act!r}; expected one of {', '.join(ACTIVATIONS)}"
     )
 
 

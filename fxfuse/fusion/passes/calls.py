@@ -8,6 +8,7 @@ exactly, and `(None, None)` when it is neither.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
 from dataclasses import dataclass
@@ -170,20 +171,28 @@ class ActivationUse:
         return [] if self.own else [self.node]
 
 
-_INPLACE_FUNCTIONS = {F.relu_, F.leaky_relu_}
+@functools.cache
+def _inplace_index(function) -> Optional[int]:
+    """The position of `function`'s `inplace` argument (F.relu: 1, F.leaky_relu: 2), if it has one."""
+    try:
+        parameters = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):  # builtins (torch.relu, F.gelu) take no inplace flag
+        return None
+    return parameters.index("inplace") if "inplace" in parameters else None
 
 
 def is_inplace(node: fx.Node, ctx: PassContext) -> bool:
+    """Whether activation `node` writes its input (a trailing-underscore form or inplace=True)."""
     if node.op == "call_method":
         return node.target.endswith("_")
     if node.op == "call_module":
         return bool(getattr(ctx.modules.get(node.target), "inplace", False))
-    if node.target in _INPLACE_FUNCTIONS or getattr(node.target, "__name__", "").endswith("_"):
+    if getattr(node.target, "__name__", "").endswith("_"):  # F.relu_, F.leaky_relu_, torch.relu_
         return True
     if node.kwargs.get("inplace") is True:
         return True
-    inplace_index = {F.relu: 1, F.relu6: 1, F.silu: 1, F.hardswish: 1, F.leaky_relu: 2}.get(node.target)
-    return inplace_index is not None and len(node.args) > inplace_index and node.args[inplace_index] is True
+    index = _inplace_index(node.target)
+    return index is not None and len(node.args) > index and node.args[index] is True
 
 
 def bn_activation(bn: LayerCall, ctx: PassContext) -> Optional[ActivationUse]:

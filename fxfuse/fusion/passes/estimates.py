@@ -7,8 +7,10 @@ from typing import Optional
 
 import torch.fx as fx
 
+from ...ops.activations import REGISTRY
+
 # Activations whose eager backward needs their input (so eager keeps the BN output alive).
-SAVES_INPUT = {"gelu", "gelu_tanh", "silu", "hardswish", "leaky_relu", "relu6"}
+SAVES_INPUT = frozenset(name for name, spec in REGISTRY.items() if spec.saves_input)
 
 
 def nbytes(shapes: dict, node: fx.Node) -> Optional[int]:

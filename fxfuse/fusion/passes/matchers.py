@@ -8,7 +8,7 @@ hooks (the fused op would not run them).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx as fx
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ...ops.activations import BY_FUNCTION, BY_METHOD, BY_MODULE, BY_TIMM_FORWARD, REGISTRY, ActivationSpec
 from ..hooks import has_hooks, hooks_problem
 from ..known_modules import is_conv2d_same, is_norm_act
 
@@ -26,8 +27,8 @@ class Activation:
     param: float = 0.0
 
     def describe(self) -> str:
-        if self.name == "leaky_relu":
-            return f"leaky_relu({self.param:g})"
+        if REGISTRY[self.name].takes_param:
+            return f"{self.name}({self.param:g})"
         return self.name
 
 
@@ -96,47 +97,37 @@ def is_bn_function(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target is F.batch_norm
 
 
-_ACT_MODULES = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish"}
-_ACT_FUNCTIONS = {
-    F.relu: "relu",
-    F.relu_: "relu",
-    torch.relu: "relu",
-    torch.relu_: "relu",
-    F.relu6: "relu6",
-    F.silu: "silu",
-    F.hardswish: "hardswish",
-}
-_ACT_METHODS = {"relu": "relu", "relu_": "relu"}
-
-
 def _arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name, default)
 
 
-# timm's activation modules whose forward is exactly one torch activation (timm.layers.activations).
-_TIMM_ACT_FORWARDS = {"GELU.forward": "gelu", "GELUTanh.forward": "gelu_tanh"}
+def _configured(specs: tuple[ActivationSpec, ...], setting: Callable[[ActivationSpec], Any]) -> Optional[Activation]:
+    """The first of `specs` whose setting (`setting(spec)`: its argument's value in this call
+    or module) selects it, with act_param from it; None if none does."""
+    for spec in specs:
+        if spec.argument is None:
+            return Activation(spec.name)
+        value = setting(spec)
+        if spec.value is not None:
+            if value == spec.value:
+                return Activation(spec.name)
+        elif isinstance(value, (int, float)):
+            return Activation(spec.name, float(value))
+    return None
 
 
 def module_activation(m: nn.Module) -> Optional[Activation]:
     """The activation module `m` computes (nn.Identity: "none"), or None."""
-    if type(m) in _ACT_MODULES:
-        return Activation(_ACT_MODULES[type(m)])
-    if type(m) is nn.Identity:
-        return Activation("none")
-    if type(m) is nn.LeakyReLU:
-        return Activation("leaky_relu", float(m.negative_slope))
-    if type(m) is nn.GELU:
-        return (
-            Activation("gelu_tanh" if m.approximate == "tanh" else "gelu")
-            if m.approximate in ("none", "tanh")
-            else None
-        )
+    specs = BY_MODULE.get(type(m))
+    if specs:
+        return _configured(specs, lambda spec: getattr(m, spec.argument))
+    # timm's activation modules whose forward is exactly one torch activation (timm.layers.activations).
     forward = type(m).forward
     if getattr(forward, "__module__", None) == "timm.layers.activations":
-        name = _TIMM_ACT_FORWARDS.get(getattr(forward, "__qualname__", ""))
-        return Activation(name) if name else None
+        specs = BY_TIMM_FORWARD.get(getattr(forward, "__qualname__", ""))
+        return Activation(specs[0].name) if specs else None
     return None
 
 
@@ -148,20 +139,10 @@ def activation_of(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[Acti
             return None
         act = module_activation(m)
         return None if act is None or act.name == "none" else act
-    if node.op == "call_function":
-        if node.target in _ACT_FUNCTIONS:
-            return Activation(_ACT_FUNCTIONS[node.target])
-        if node.target in (F.leaky_relu, F.leaky_relu_):
-            slope = _arg(node, 1, "negative_slope", 0.01)
-            return Activation("leaky_relu", float(slope)) if isinstance(slope, (int, float)) else None
-        if node.target is F.gelu:
-            approximate = _arg(node, 1, "approximate", "none")
-            if approximate == "none":
-                return Activation("gelu")
-            return Activation("gelu_tanh") if approximate == "tanh" else None
-        return None
-    if node.op == "call_method" and node.target in _ACT_METHODS:
-        return Activation(_ACT_METHODS[node.target])
+    if node.op == "call_function" and node.target in BY_FUNCTION:
+        return _configured(BY_FUNCTION[node.target], lambda spec: _arg(node, 1, spec.argument, spec.default))
+    if node.op == "call_method" and node.target in BY_METHOD:
+        return Activation(BY_METHOD[node.target][0].name)
     return None
 
 
