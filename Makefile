@@ -38,7 +38,7 @@ test: $(BUILT) cuda-check lint
 # (tests/test_accuracy.py): `make test` runs only their
 # representative part; -m "" lifts the default `-m 'not zoo'` from pyproject's addopts.
 zoo: $(BUILT)
-	$(PY) -m pytest -q -m "" tests/test_timm_zoo.py tests/test_torchvision_dense.py tests/test_accuracy.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "" tests/test_timm_zoo.py tests/test_torchvision_dense.py tests/test_wild_zoo.py tests/test_accuracy.py $(PYTEST_ARGS)
 
 # The timm zoo coverage table of docs/results.md.
 zoo-coverage: $(BUILT)
