@@ -222,3 +222,49 @@ def test_unusual_input_gets_what_eager_gives(x):
     sa, sb = eager.state_dict(), optimized.state_dict()
     for k in sa:
         torch.testing.assert_close(sb[k], sa[k], **TOL, equal_nan=True, msg=k)
+
+
+class _RoundSTE(torch.autograd.Function):
+    """Quantization-aware training's straight-through estimator: round forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _SplitScale(torch.autograd.Function):
+    """Two outputs and a backward that is not the forward's derivative (scaled)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.relu(), x * 2
+
+    @staticmethod
+    def backward(ctx, ga, gb):
+        return 0.5 * ga + 3 * gb
+
+
+class _QuantNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = _RoundSTE.apply(torch.relu(self.bn1(self.conv1(x))))
+        a, b = _SplitScale.apply(self.bn2(self.conv2(y)))
+        return self.head((a + b).mean((2, 3)))
+
+
+@pytest.mark.parametrize("with_inputs", [False, True], ids=["symbolic", "concrete"])
+def test_custom_autograd_functions_keep_their_backward(with_inputs):
+    """A custom autograd.Function stays one call: tracing must not inline its forward and lose its backward."""
+    eager, x = _QuantNet().double(), _x()
+    optimized = fxfuse.optimize(copy.deepcopy(eager), (x,) if with_inputs else None)
+    assert optimized.fxfuse_report.fused
+    _assert_trains_alike(eager, optimized, x)

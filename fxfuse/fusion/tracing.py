@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -251,6 +252,44 @@ class FxFuseTracer(fx.Tracer):
             self.graph.erase_node(node)
 
 
+_APPLY: dict[type, Any] = {}
+
+
+def _apply_of(cls: type):
+    """The graph's call of `cls.apply` (a Python function, which torch.fx's code generation can name)."""
+    if cls not in _APPLY:
+
+        def apply(*args, **kwargs):
+            return cls.apply(*args, **kwargs)
+
+        apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
+        _APPLY[cls] = apply
+    return _APPLY[cls]
+
+
+@contextlib.contextmanager
+def _functions_as_calls(tracer: FxFuseTracer):
+    """While tracing, a custom `torch.autograd.Function.apply` on proxies is one graph call of it.
+
+    torch.fx would otherwise run the Function's forward on the proxies and record its ops, so that
+    its own backward (a straight-through estimator, a memory-efficient activation) were lost and
+    autograd differentiated those ops instead: silently different gradients."""
+    original = torch.autograd.Function.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        proxies = []
+        fx.node.map_aggregate((args, kwargs), lambda a: proxies.append(a) if isinstance(a, fx.Proxy) else None)
+        if not proxies or tracer.computing_meta:
+            return original.__func__(cls, *args, **kwargs)
+        return tracer.create_proxy("call_function", _apply_of(cls), args, kwargs)
+
+    torch.autograd.Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original
+
+
 def _plain_forward(m: nn.Module):
     """`m`'s forward without Module.__call__; for an optimized module, its original class's forward."""
     original = getattr(type(m), "_fxfuse_original_class", None)
@@ -311,7 +350,7 @@ def _trace(root: nn.Module, forward_class, example_inputs, concrete_paths: froze
     try:
         if example_inputs is not None:
             tracer.meta_root = measure.meta_copy(root)
-        with user_checkpoint.intercepting(tracer, tracer.user_checkpoints):
+        with user_checkpoint.intercepting(tracer, tracer.user_checkpoints), _functions_as_calls(tracer):
             graph = tracer.trace(root)
     finally:
         root.__class__ = cls
