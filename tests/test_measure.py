@@ -56,3 +56,15 @@ def test_median_step_times_synchronizes_around_each_timed_call(monkeypatch):
     monkeypatch.setattr(memory, "synchronize", lambda: calls.append("sync"))
     memory.median_step_times({"a": lambda: calls.append("a")}, repeats=2, warmup=0)
     assert calls == ["sync", "a", "sync"] * 2
+
+
+def test_meta_copy_of_a_meta_model_shares_no_tensor_with_it():
+    from torch import nn
+
+    from fxfuse.measure import meta_copy
+
+    model = meta_copy(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    again = meta_copy(model)
+    ours = {id(t) for t in (*model.parameters(), *model.buffers())}
+    assert not ours & {id(t) for t in (*again.parameters(), *again.buffers())}
+    assert all(t.is_meta for t in again.parameters())

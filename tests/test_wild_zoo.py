@@ -14,6 +14,7 @@ from conv_bn_sites import coverage, existing_sites
 from wild_zoo import BY_NAME, WILD
 
 import fxfuse
+from fxfuse import measure
 from fxfuse.testing import assert_equivalent
 
 # One model per library in make test; the rest under the zoo marker.
@@ -54,3 +55,15 @@ def test_wild_model_is_covered_and_exact(name):
     assert census.sites, "the model has Conv→BN sites to fuse"
     assert len(cov.fused) >= 0.95 * len(census.sites), cov.reasons()
     assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_yolov8n_train_mode_meets_a_memory_budget_of_0_3():
+    """The root and every C2f block trace whole with concrete shapes, so the budget applies to the whole model:
+    the counted plan is the one the model runs (issue 30's target: batch 4, 256², budget 0.3)."""
+    entry, model = _build("yolov8n")
+    x = entry.example_input(batch=4, size=256)
+    eager = measure.saved_activation_bytes(copy.deepcopy(model), (x,))
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,), memory_budget=0.3)
+    notes = " ".join(optimized.fxfuse_report.notes)
+    assert "memory budget 0.30× met" in notes and "not found" not in notes, notes
+    assert measure.saved_activation_bytes(optimized, (x,)) <= 0.3 * eager

@@ -66,7 +66,9 @@ def meta_copy(model: nn.Module) -> nn.Module:
             # Counters stay real (copied): BatchNorm(momentum=None) reads float(num_batches_tracked).
             memo[id(t)] = t.clone()
         else:
-            memo[id(t)] = t.to("meta")
+            # A fresh tensor even for a model already on meta (`to` would return the same object, and the
+            # copy would share its buffers: tracing would then take the copy's buffers for the model's).
+            memo[id(t)] = torch.empty_like(t, device="meta") if t.is_meta else t.to("meta")
     return silence_hooks(copy.deepcopy(model, memo))
 
 
