@@ -58,7 +58,7 @@ class Net(nn.Module):
 
     def forward(self, x, *args, **kwargs):
         y = self.block(self.stem(x))
-        if y.size(1) != 16:  # a branch on a channel count
+        if y.size(dim=1) != 16:  # a branch on a channel count
             y = self.proj(y)
         return y.mean((2, 3))
 
@@ -115,3 +115,15 @@ def test_hooks_of_the_model_never_see_the_meta_run():
     model.stem.bn.register_forward_hook(lambda m, i, o: seen.append(o.device.type))
     fxfuse.optimize(model, (x,))
     assert "meta" not in seen
+
+
+def test_size_with_a_keyword_traces_symbolically_too():
+    class Flatten(nn.Module):
+        def forward(self, x):
+            return x.reshape(x.size(dim=0), -1)
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), Flatten(), nn.Linear(4 * 6 * 6, 2))
+    x = torch.randn(2, 3, 8, 8)
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert optimized.fxfuse_report.fused and not optimized.fxfuse_report.notes
+    assert_equivalent(model, optimized, x, dtype=torch.float64)

@@ -72,11 +72,11 @@ class ShapeProxy(fx.Proxy):
     def _concrete(self) -> bool:
         return self.tracer.concrete and isinstance(self.meta_value, torch.Tensor)
 
-    def size(self, *args):
+    def size(self, *args, **kwargs):
         if self._concrete():
             self.tracer.specialized = True
-            return self.meta_value.size(*args)
-        return self.tracer.create_proxy("call_method", "size", (self, *args), {})
+            return self.meta_value.size(*args, **kwargs)
+        return self.tracer.create_proxy("call_method", "size", (self, *args), kwargs)
 
     def dim(self):
         if self._concrete():
