@@ -189,7 +189,7 @@ def _fused_forward(self, *args, **kwargs):
     if state.options.channels_last:
         args = layout.to_channels_last(args)
     if transformed():  # torch.func / forward AD: the fused ops and regions have no rule for them
-        return type(self)._fxfuse_original_class.forward(self, *args, **kwargs)
+        return _original_forward(self, *args, **kwargs)
     fn = state.graphs.get(_key(state, args, kwargs))
     if fn is None:
         fn = _build_or_fall_back(self, state, args if state.specialized and not kwargs else None, install=True)

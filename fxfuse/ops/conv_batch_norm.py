@@ -182,15 +182,14 @@ def _backward(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
     input, weight, bias, bn_weight, bn_bias, mean, var = ctx.saved_tensors
     stride, padding, dilation, groups, batch_stats, eps, act, act_param = ctx.config
     need = ctx.needs_input_grad
+    mask = [need[0], need[1], need[2], need[7], need[8]]  # input, weight, bias, bn_weight, bn_bias
     if differentiating(grad_out, input, weight, bias, bn_weight, bn_bias):
 
         def compose(x, w, b, bn_w, bn_b):
             y = F.conv2d(x, w, b, stride, padding, dilation, groups)
             return normalize_act(y, mean, var, bn_w, bn_b, batch_stats, eps, act, act_param)
 
-        grads = composed_gradients(
-            compose, (input, weight, bias, bn_weight, bn_bias), (*need[:3], need[7], need[8]), grad_out
-        )
+        grads = composed_gradients(compose, (input, weight, bias, bn_weight, bn_bias), mask, grad_out)
     else:
         grads = torch.ops.fxfuse.conv_bn_act_backward(
             grad_out,
@@ -209,7 +208,7 @@ def _backward(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
             eps,
             act,
             act_param,
-            [need[0], need[1], need[2], need[7], need[8]],
+            mask,
         )
     grad_input, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias = grads
     return (
