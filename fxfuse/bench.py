@@ -399,7 +399,9 @@ def add_fit(
     return rows
 
 
-def render(rows: list[Row]) -> str:
+def render(rows: list[Row], frontier: bool = False) -> str:
+    """The table; with `frontier`, a last column names the row that dominates each one
+    (`dominated`), blank on the Pareto front."""
     mib = 2**20
 
     def size(n: Optional[int]) -> str:
@@ -444,6 +446,13 @@ def render(rows: list[Row]) -> str:
             (*line, *("-" if getattr(r, attr) is None else getattr(r, attr) for attr, _ in fit_columns), x(r.fit_ratio))
             for line, r in zip(table, rows)
         ]
+    if frontier:
+        marks = dominated(rows)
+        headers.append("Pareto front")
+        table = [
+            (*line, f"dominated by {marks[r.variant]}" if r.variant in marks else "front")
+            for line, r in zip(table, rows)
+        ]
     return tabulate(table, headers=headers)
 
 
@@ -475,8 +484,32 @@ def compile_comparison(rows: list[Row]) -> list[str]:
     return lines
 
 
+# `fxfuse bench --frontier`: the memory budgets swept when none are given.
+FRONTIER_BUDGETS = (0.9, 0.7, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1)
+
+
+def _point(r: Row) -> tuple[float, float, float]:
+    return (r.saved_ratio, r.peak_ratio if r.peak_ratio is not None else float("inf"), r.time_ratio)
+
+
+def dominated(rows: list[Row]) -> dict[str, str]:
+    """variant -> the variant that dominates it: no more saved bytes, no higher peak and no slower,
+    and better in at least one (the first such row, in table order). Rows on the Pareto front of
+    (saved, peak, time) are absent."""
+    out = {}
+    for r in rows:
+        p = _point(r)
+        for other in rows:
+            q = _point(other)
+            if other is not r and all(b <= a for a, b in zip(p, q)) and q != p:
+                out[r.variant] = other.variant
+                break
+    return out
+
+
 def to_json(rows: list[Row]) -> list[dict]:
-    return [asdict(r) for r in rows]
+    marks = dominated(rows)
+    return [{**asdict(r), "dominated_by": marks.get(r.variant)} for r in rows]
 
 
 def plot_frontier(rows: list[Row], path: str, title: str = "") -> None:

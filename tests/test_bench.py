@@ -361,3 +361,33 @@ def test_compiled_fxfuse_variants_run_and_keep_their_flag():
         torch.testing.assert_close(variant(x), model(x))
     assert not compiled.enabled
     torch._dynamo.reset()
+
+
+def _row(name, saved, peak, time):
+    return bench.Row(name, 0, 0, 0.0, saved_ratio=saved, peak_ratio=peak, time_ratio=time)
+
+
+def test_dominated_rows_name_a_row_no_worse_in_saved_peak_and_time():
+    rows = [
+        _row("eager", 1.0, 1.0, 1.0),
+        _row("budget=0.5", 0.5, 0.6, 1.05),
+        _row("budget=0.3", 0.3, 0.6, 1.30),
+        _row("compile-budget=0.5", 0.25, 0.5, 1.10),  # beats budget=0.3 everywhere
+        _row("budget=0.4", 0.5, 0.6, 1.05),  # equal to budget=0.5: not dominated
+    ]
+    assert bench.dominated(rows) == {"budget=0.3": "compile-budget=0.5"}
+    # a row without a peak counts as the worst peak
+    assert bench.dominated([_row("a", 0.5, None, 1.0), _row("b", 0.5, 0.9, 1.0)]) == {"a": "b"}
+
+
+def test_cli_bench_frontier_sweeps_budgets_and_marks_the_front(capsys):
+    argv = ["bench", "tests.test_bench:small_net", "--input-shape", "2,3,8,8", "--frontier", "0.6,0.3"]
+    assert main(argv + ["--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "budget=0.6" in out and "budget=0.3" in out and "Pareto front" in out
+    assert "front" in out.split("Pareto front", 1)[1]
+    assert main(argv + ["--repeats", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["variant"] for r in rows} >= {"eager", "budget=0.6", "budget=0.3"}
+    marks = bench.dominated([bench.Row(**{k: v for k, v in r.items() if k != "dominated_by"}) for r in rows])
+    assert {r["variant"]: r["dominated_by"] for r in rows if r["dominated_by"]} == marks

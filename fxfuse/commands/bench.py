@@ -63,6 +63,18 @@ def register(subparsers) -> None:
         help="also run fxfuse with memory_budget=B (fraction of eager's saved activations)",
     )
     parser.add_argument(
+        "--frontier",
+        nargs="?",
+        const=list(bench.FRONTIER_BUDGETS),
+        type=_budgets,
+        default=None,
+        metavar="B[,B...]",
+        help="sweep memory_budget over B (default: "
+        + ",".join(f"{b:g}" for b in bench.FRONTIER_BUDGETS)
+        + ") on top of --budget, and mark each row on or off the Pareto front of (saved, peak, time); "
+        "with --with compile-budget, torch.compile runs at the same budgets",
+    )
+    parser.add_argument(
         "--peak-budget",
         type=_budgets,
         default=[],
@@ -133,9 +145,11 @@ def run(args: argparse.Namespace) -> int:
     fmt = (
         (torch.channels_last if args.memory_format == "channels_last" else torch.contiguous_format) if four_d else None
     )
+    budgets = list(args.budget)
+    budgets += [b for b in args.frontier or () if b not in budgets]
     names = bench.parse_variants(
         args.modes,
-        args.budget,
+        budgets,
         args.peers,
         channels_last_baseline=four_d,
         peak_budgets=args.peak_budget,
@@ -192,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {str(args.dtype).replace('torch.', '')}, "
         f"{args.device}{layout}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )
-    print(bench.render(rows))
+    print(bench.render(rows, frontier=args.frontier is not None))
     if args.fit_cap is not None:
         print(
             f"batch in cap: the largest batch whose parameters, buffers, inputs and train-step peak fit "
