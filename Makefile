@@ -34,7 +34,7 @@ build: $(BUILT)
 test: $(BUILT) cuda-check lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The whole model zoo (tests/timm_zoo.py, tests/dense_zoo.py) and every accuracy draw
+# The whole model zoo (tests/support/timm_zoo.py, tests/support/dense_zoo.py) and every accuracy draw
 # (tests/test_accuracy.py): `make test` runs only their
 # representative part; -m "" lifts the default `-m 'not zoo'` from pyproject's addopts.
 zoo: $(BUILT)

@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
+from support.timm_zoo import without_dropout  # noqa: E402
 from test_accuracy import errors, summarize  # noqa: E402
-from timm_zoo import without_dropout  # noqa: E402
 
 # (builder, batch) at 64x64: the draws.
 MODELS = {

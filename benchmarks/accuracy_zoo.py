@@ -2,7 +2,7 @@
 
     python benchmarks/accuracy_zoo.py [--models resnet18,dla34] [--seeds 0,1,2] [--mode memory] [--threads 1]
 
-One line per model of tests/timm_zoo.py (its input shape, each seed, train mode, one
+One line per model of tests/support/timm_zoo.py (its input shape, each seed, train mode, one
 step): the worst ratio fxfuse error / eager error over every output, input gradient,
 parameter gradient and running statistic (tests/test_accuracy.py's errors(); an eager
 error below FLOOR counts as FLOOR), the tensor it is on, how many tensors fail the test's
@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
+from support.timm_zoo import BY_NAME, ZOO, without_dropout  # noqa: E402
 from test_accuracy import errors, summarize  # noqa: E402
-from timm_zoo import BY_NAME, ZOO, without_dropout  # noqa: E402
 
 
 def main():

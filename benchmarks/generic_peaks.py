@@ -3,7 +3,7 @@ eager's ATen composition of the same work, measured on CPU with the allocator's 
 
     python benchmarks/generic_peaks.py [--size 16] [--channels-last]
 
-One row per op family (tests/generic_peaks.py): forward peak, saved bytes and backward peak
+One row per op family (tests/support/generic_peaks.py): forward peak, saved bytes and backward peak
 (KiB) of eager, of the generic path (fxfuse.ops.generic_path()) and of the hand-written CPU
 kernels; then one row per primitive op call. The README's table is this output.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the cases live with the tests
-import generic_peaks as gp  # noqa: E402
+from support import generic_peaks as gp  # noqa: E402
 
 from fxfuse.ops import generic_path  # noqa: E402
 

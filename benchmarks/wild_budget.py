@@ -1,4 +1,4 @@
-"""Memory budgets on a wild-zoo model (tests/wild_zoo.py), counted and measured.
+"""Memory budgets on a wild-zoo model (tests/support/wild_zoo.py), counted and measured.
 
     python benchmarks/wild_budget.py [--model yolov8n] [--batch 4] [--size 256] [--budgets 0.5,0.3]
 
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
-from wild_zoo import BY_NAME  # noqa: E402
+from support.wild_zoo import BY_NAME  # noqa: E402
 
 import fxfuse  # noqa: E402
 from fxfuse import measure  # noqa: E402

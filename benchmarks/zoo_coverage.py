@@ -2,14 +2,14 @@
 
     python benchmarks/zoo_coverage.py [--zoo timm|wild] [--per-model] [--models a,b] [--json out.json] [--threads 1]
 
---zoo wild measures the wild zoo instead (tests/wild_zoo.py: HF transformers, ultralytics,
+--zoo wild measures the wild zoo instead (tests/support/wild_zoo.py: HF transformers, ultralytics,
 segmentation_models_pytorch, efficientnet_pytorch, torchvision's auxiliary-output models); a model
 whose library is not installed is skipped with a line on stderr.
 
-For every model of the test zoo (tests/timm_zoo.py, tests/dense_zoo.py: the same models the
+For every model of the test zoo (tests/support/timm_zoo.py, tests/support/dense_zoo.py: the same models the
 zoo tests check) at its zoo resolution and batch, float32, train mode, mode="memory":
 BatchNorm2d layers, the Conv2d→BatchNorm2d sites that exist (forward hooks on the eager model,
-tests/conv_bn_sites.py), how many fxfuse fused, why the others were not, the saved-for-backward
+tests/support/conv_bn_sites.py), how many fxfuse fused, why the others were not, the saved-for-backward
 bytes of the optimized model relative to eager (fxfuse.measure.saved_activation_bytes, same
 input), and optimize()'s wall time (one intra-op thread unless --threads). Then the slowest
 optimize(), and the efficientnet_b0 memory target (batch 8, 224x224).
@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the zo
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from conv_bn_sites import coverage, existing_sites  # noqa: E402
-from dense_zoo import DETECTION_BACKBONES, SEGMENTATION  # noqa: E402
+from support.conv_bn_sites import coverage, existing_sites  # noqa: E402
+from support.dense_zoo import DETECTION_BACKBONES, SEGMENTATION  # noqa: E402
+from support.timm_zoo import BY_NAME, ZOO  # noqa: E402
+from support.wild_zoo import WILD  # noqa: E402
 from tabulate import tabulate  # noqa: E402
-from timm_zoo import BY_NAME, ZOO  # noqa: E402
-from wild_zoo import WILD  # noqa: E402
 
 import fxfuse  # noqa: E402
 from fxfuse.measure import saved_activation_bytes  # noqa: E402

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from threads import intra_op_threads
+from support.threads import intra_op_threads
 
 
 @pytest.fixture(autouse=True)

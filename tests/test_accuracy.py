@@ -33,8 +33,8 @@ import math
 
 import pytest
 import torch
-from threads import intra_op_threads
-from timm_zoo import FAST, ZOO, without_dropout
+from support.threads import intra_op_threads
+from support.timm_zoo import FAST, ZOO, without_dropout
 from torch import nn
 
 import fxfuse
@@ -255,7 +255,7 @@ def test_relu_models_bfloat16_autocast(name):
     "entry", [pytest.param(e, id=e.name, marks=() if e.name in FAST else pytest.mark.zoo) for e in ZOO]
 )
 def test_timm_zoo(entry):
-    """Every model of the timm zoo (tests/timm_zoo.py) at its input, seed 0; `make test` runs
+    """Every model of the timm zoo (tests/support/timm_zoo.py) at its input, seed 0; `make test` runs
     the representative part. benchmarks/accuracy_zoo.py prints the worst ratio per model."""
     torch.manual_seed(0)
     model = without_dropout(entry.build())

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxfuse
 from fxfuse import measure
-from fxfuse.ops import batch_norm, conv_batch_norm, gelu_activation, layer_activation
+from fxfuse.ops import batch_norm_act, conv_act, conv_bn_act, gelu, linear_act
 
 BF16 = torch.bfloat16
 # bfloat16 has an 8-bit significand (eps 2**-7 = 0.0078): eager and fused round the same
@@ -133,9 +133,7 @@ def test_conv_bn_act_op_casts_like_eager_autocast():
     with torch.autocast("cpu", dtype=BF16):
         ref = F.relu(F.batch_norm(F.conv2d(x, w, b, 1, 1), rm_e, rv_e, g, beta, True, 0.1, 1e-5))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = conv_batch_norm.conv_bn_act(
-                x, w.requires_grad_(), b, 1, 1, 1, 1, rm_f, rv_f, g, beta, True, 0.1, 1e-5, "relu"
-            )
+            out = conv_bn_act(x, w.requires_grad_(), b, 1, 1, 1, 1, rm_f, rv_f, g, beta, True, 0.1, 1e-5, "relu")
     assert out.dtype == ref.dtype == BF16
     assert rm_f.dtype == rv_f.dtype == torch.float32
     torch.testing.assert_close(out, ref, **OUT_TOL)
@@ -152,12 +150,12 @@ def test_layer_act_ops_match_eager_autocast_exactly():
     x, w, b = torch.randn(4, 16), torch.randn(8, 16), torch.randn(8)
     xc, wc = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
     with torch.autocast("cpu", dtype=BF16):
-        out, ref = layer_activation.linear_act(x, w, b, "gelu"), F.gelu(F.linear(x, w, b))
+        out, ref = linear_act(x, w, b, "gelu"), F.gelu(F.linear(x, w, b))
         outc, refc = (
-            layer_activation.conv_act(xc, wc, None, padding=1, act="silu"),
+            conv_act(xc, wc, None, padding=1, act="silu"),
             F.silu(F.conv2d(xc, wc, None, 1, 1)),
         )
-        outg, refg = gelu_activation.gelu(x), F.gelu(x)
+        outg, refg = gelu(x), F.gelu(x)
     assert out.dtype == ref.dtype == outc.dtype == refc.dtype == BF16 and outg.dtype == refg.dtype == torch.float32
     assert torch.equal(out, ref) and torch.equal(outc, refc) and torch.equal(outg, refg)
 
@@ -170,7 +168,7 @@ def test_bf16_input_with_float32_bn_params_outside_autocast():
     ref = F.gelu(F.batch_norm(x, rm_e, rv_e, g, beta, True, 0.1, 1e-5))
     counter = OpCounter()
     with counter:
-        out = batch_norm.batch_norm_act(x, rm_f, rv_f, g, beta, True, 0.1, 1e-5, "gelu")
+        out = batch_norm_act(x, rm_f, rv_f, g, beta, True, 0.1, 1e-5, "gelu")
     assert "fxfuse.batch_norm_act" in counter.names
     assert out.dtype == ref.dtype == BF16
     torch.testing.assert_close(out, ref, **OUT_TOL)
@@ -186,7 +184,7 @@ def test_bf16_input_with_float32_bn_params_outside_autocast():
 def test_float64_is_not_cast_under_autocast():
     x, w = torch.randn(2, 3, 6, 6, dtype=torch.double), torch.randn(4, 3, 3, 3, dtype=torch.double)
     with torch.autocast("cpu", dtype=BF16):
-        out = conv_batch_norm.conv_bn_act(x, w, None, 1, 1, 1, 1, None, None, None, None, True, 0.1, 1e-5, "relu")
+        out = conv_bn_act(x, w, None, 1, 1, 1, 1, None, None, None, None, True, 0.1, 1e-5, "relu")
         ref = F.relu(F.batch_norm(F.conv2d(x, w, None, 1, 1), None, None, None, None, True, 0.1, 1e-5))
     assert out.dtype == ref.dtype == torch.double
     torch.testing.assert_close(out, ref)
@@ -198,7 +196,7 @@ def test_mixed_dtypes_eager_rejects_still_raise_under_autocast():
         with pytest.raises(RuntimeError) as eager:
             F.conv2d(x, w)
         with pytest.raises(type(eager.value)):
-            conv_batch_norm.conv_bn_act(x, w, None, 1, 0, 1, 1, None, None, None, None, True, 0.1, 1e-5, "relu")
+            conv_bn_act(x, w, None, 1, 0, 1, 1, None, None, None, None, True, 0.1, 1e-5, "relu")
 
 
 def test_torch_compile_under_autocast():

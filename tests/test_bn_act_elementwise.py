@@ -8,7 +8,7 @@ add only indexing and the per-channel reduction (tests/test_cuda.py, on a GPU).
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import ACTS
+from support.reference import ACTS
 
 from fxfuse import _extension
 from fxfuse.ops.checks import apply_activation

@@ -14,10 +14,10 @@ from __future__ import annotations
 import copy
 
 import pytest
-import reference
 import torch
 import torch.nn.functional as F
-from reference import ACTS
+from support import reference
+from support.reference import ACTS
 from torch import nn
 
 import fxfuse

@@ -1,7 +1,7 @@
-"""The zoo's site census (tests/conv_bn_sites.py) counts what exists, and matches fxfuse's report."""
+"""The zoo's site census (tests/support/conv_bn_sites.py) counts what exists, and matches fxfuse's report."""
 
 import torch
-from conv_bn_sites import Site, coverage, existing_sites
+from support.conv_bn_sites import Site, coverage, existing_sites
 from torch import nn
 
 import fxfuse

@@ -6,7 +6,7 @@ ATEN_CPU_CAPABILITY lowers the choice; fxfuse's hand-written kernels follow it
 capability this process got; this test reruns the op-level files in a subprocess for
 each other capability the CPU supports, so an AVX2 machine also exercises DEFAULT and
 an AVX-512 machine all three. A capability whose eager ATen ops die on a signal here (CPUID
-bits the OS has not enabled: cpu_probe.py) is skipped with the reason.
+bits the OS has not enabled: tests/support/cpu_probe.py) is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import os
 import subprocess
 import sys
 
-import cpu_probe
 import pytest
 import torch
+from support import cpu_probe
 
 from fxfuse import _extension
 
@@ -25,10 +25,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OP_TESTS = [
     "test_cpu_kernels.py",
-    "test_gelu_ops.py",
+    "test_ops_gelu.py",
+    "test_ops_linear_act.py",
+    "test_ops_act_linear.py",
+    "test_ops_conv_act.py",
     "test_bn_act_elementwise.py",
     "test_bn_bitwise.py",
-    "test_conv2d.py",
+    "test_ops_conv2d.py",
 ]
 CAPABILITIES = ["default", "avx2", "avx512"]
 

@@ -8,9 +8,9 @@ import platform
 import subprocess
 import sys
 
-import cpu_probe
 import pytest
 import torch
+from support import cpu_probe
 
 from fxfuse import _extension
 

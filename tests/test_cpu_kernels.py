@@ -13,10 +13,10 @@ import subprocess
 import sys
 import textwrap
 
-import cpu_probe
 import pytest
 import torch
 import torch.nn.functional as F
+from support import cpu_probe
 
 from fxfuse import _extension
 from fxfuse.ops.activations import REGISTRY

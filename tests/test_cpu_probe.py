@@ -1,4 +1,4 @@
-"""tests/cpu_probe.py tells a capability that runs from one that dies on a signal.
+"""tests/support/cpu_probe.py tells a capability that runs from one that dies on a signal.
 
 This machine runs what it has, so the dying case is a child that kills itself with
 SIGILL, as an AVX-512 instruction does on an OS that has not enabled AVX-512.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import signal
 
-import cpu_probe
 import pytest
 import torch
+from support import cpu_probe
 
 SIGILL_AFTER_PICKING = (
     "import os, signal, torch\n"

@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 import torch
-from reference import ACTS
+from support.reference import ACTS
 from torch import nn
 
 import fxfuse

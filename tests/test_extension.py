@@ -23,3 +23,10 @@ def test_a_load_failure_under_another_torch_says_which_and_how_to_fix_it(monkeyp
     assert "undefined symbol" in message
     assert f"built against torch 2.99.0, but this process runs torch {torch.__version__}" in message
     assert "pip install --no-build-isolation ." in message
+
+
+def test_missing_extension_is_reported_clearly(monkeypatch):
+    monkeypatch.setattr(_extension, "_C", None)
+    monkeypatch.setattr(_extension, "_load_error", ImportError("libfoo.so: cannot open shared object file"))
+    with pytest.raises(fxfuse.FxFuseError, match="failed to load.*libfoo.*Rebuild"):
+        fxfuse.optimize(torch.nn.Conv2d(1, 1, 1))

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
-from reference import conv_bn_act as conv_bn_act_reference
+from support.reference import conv_bn_act as conv_bn_act_reference
 from test_higher_order import ConvNet, ConvNeXtBlock, Mlp, _close
 from torch import func, nn
 

@@ -2,7 +2,7 @@
 kernel, and every other device run) on CPU, through fxfuse.ops.generic_path(): the switch
 routes, an optimized model computes eager's function through them end to end, and each op
 family holds no more memory than eager's ATen composition of the same work
-(tests/generic_peaks.py; the README's table is benchmarks/generic_peaks.py)."""
+(tests/support/generic_peaks.py; the README's table is benchmarks/generic_peaks.py)."""
 
 import json
 import os
@@ -111,7 +111,7 @@ OPEN_NHWC = {"batch_norm_act[gelu]", "batch_norm_act[silu]", "conv_bn_act[silu]"
 _MEASURE = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})
-import generic_peaks as gp
+from support import generic_peaks as gp
 from fxfuse.ops import generic_path
 torch.set_num_threads(1)
 rows = []

@@ -7,12 +7,13 @@ small models through `fxfuse.optimize` (one per op family, and one recomputing r
 """
 
 import copy
+import importlib
 
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import bn_act as bn_act_reference
-from reference import conv_bn_act as conv_bn_act_reference
+from support.reference import bn_act as bn_act_reference
+from support.reference import conv_bn_act as conv_bn_act_reference
 from torch import nn
 
 import fxfuse
@@ -224,9 +225,8 @@ def test_normal_backward_takes_the_fast_path(monkeypatch):
 
     calls = []
     original = higher_order.composed_gradients
-    monkeypatch.setattr(
-        ops.conv_batch_norm, "composed_gradients", lambda *a: calls.append(1) or original(*a), raising=True
-    )
+    module = importlib.import_module("fxfuse.ops.conv_bn_act")  # fxfuse.ops.conv_bn_act is the op itself
+    monkeypatch.setattr(module, "composed_gradients", lambda *a: calls.append(1) or original(*a), raising=True)
     fused, _, x, params, buffers = CASES["conv_bn_act-train-relu"]()
     fused(x, *params, *buffers).sum().backward()
     assert not calls

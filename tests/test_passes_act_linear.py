@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from autocast_training import assert_trains_like_eager_autocast
+from support.autocast_training import assert_trains_like_eager_autocast
 from torch import nn
 
 import fxfuse
@@ -133,7 +133,7 @@ def test_vit_and_convnext_mlps():
     assert_equivalent(vit, optimized, x, dtype=torch.float64)
     convnext = torchvision.models.convnext_tiny()
     report = fxfuse.optimize(convnext, torch.randn(1, 3, 32, 32), mode="fast").fxfuse_report
-    assert _ops(convnext).count("fxfuse::act_linear") == 18  # and 18 layer_norm_linear (test_passes_norm_linear)
+    assert _ops(convnext).count("fxfuse::act_linear") == 18  # and 18 layer_norm_linear (test_passes_layer_norm_linear)
     assert report.fused[0].modules == ("features.1.0.block.4", "features.1.0.block.5")
 
 

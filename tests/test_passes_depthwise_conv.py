@@ -50,7 +50,7 @@ def _x(c=16):
 def test_convnext_block_exact(mode):
     model, x = ConvNeXtBlock(), _x()
     optimized = fxfuse.optimize(copy.deepcopy(model), (x,), mode=mode)
-    # mode="memory" takes the conv with the norm and fc1 (passes/conv_norm_linear.py)
+    # mode="memory" takes the conv with the norm and fc1 (passes/conv_layer_norm_linear.py)
     assert ("fxfuse::conv2d" if mode == "fast" else "fxfuse::conv_layer_norm_linear") in _ops(optimized)
     assert_equivalent(model, optimized, x, dtype=torch.float64)
     assert_equivalent(model, optimized, x)

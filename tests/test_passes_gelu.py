@@ -108,7 +108,7 @@ def test_without_example_inputs_the_call_picks_the_path_and_stays_exact(avx2_ate
 def test_gelu_is_faster(shape, fmt, dtype, approximate, expected, avx2_aten):
     x = torch.randn(shape, dtype=dtype).to(memory_format=fmt)
     assert runtime.gelu_is_faster(x, approximate) is expected
-    # fxfuse.ops.gelu's accuracy contract (F32_SPREAD in tests/test_gelu_ops.py: ATen's own
+    # fxfuse.ops.gelu's accuracy contract (F32_SPREAD in tests/support/op_checks.py: ATen's own
     # spread between CPU capabilities); eager's channels_last path rounds differently.
     t = 5.4e-6 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 import torchvision
-from autocast_training import assert_trains_like_eager_autocast
+from support.autocast_training import assert_trains_like_eager_autocast
 from torch import nn
 
 import fxfuse

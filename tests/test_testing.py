@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from planted_defects import DEFECTS, plant
+from support.planted_defects import DEFECTS, plant
 from torch import nn
 
 from fxfuse.errors import ConfigurationError

@@ -2,7 +2,7 @@
 that exist, and trains exactly like eager in float64 (two SGD steps, then eval).
 
 The representative part (timm_zoo.FAST) runs in `make test`; the rest is marked `zoo`
-(`make zoo` runs all of it). The models are listed in tests/timm_zoo.py.
+(`make zoo` runs all of it). The models are listed in tests/support/timm_zoo.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conv_bn_sites import Census, Coverage, coverage, existing_sites
-from timm_zoo import FAST, ZOO, ZooModel
+from support.conv_bn_sites import Census, Coverage, coverage, existing_sites
+from support.timm_zoo import FAST, ZOO, ZooModel
 from torch import nn
 
 import fxfuse

@@ -12,8 +12,8 @@ import copy
 
 import pytest
 import torch
-from conv_bn_sites import coverage, existing_sites
-from dense_zoo import DETECTION_BACKBONES, SEGMENTATION
+from support.conv_bn_sites import coverage, existing_sites
+from support.dense_zoo import DETECTION_BACKBONES, SEGMENTATION
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 import fxfuse

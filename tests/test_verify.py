@@ -13,7 +13,7 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
-from planted_defects import DEFECTS, plant
+from support.planted_defects import DEFECTS, plant
 from torch import nn
 
 from fxfuse.cli import main as cli_main

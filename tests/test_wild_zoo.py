@@ -1,4 +1,4 @@
-"""The wild zoo (tests/wild_zoo.py): models from HF transformers, ultralytics, segmentation_models_pytorch,
+"""The wild zoo (tests/support/wild_zoo.py): models from HF transformers, ultralytics, segmentation_models_pytorch,
 efficientnet_pytorch and torchvision's auxiliary-output models, each exact in float64 over two train steps
 plus eval (every parameter, gradient, buffer and output), with >= 95% of its existing Conv→BN sites fused.
 `make test` runs the representative part; `make zoo` all of it. optimize()'s time is a benchmark
@@ -10,8 +10,8 @@ import copy
 
 import pytest
 import torch
-from conv_bn_sites import coverage, existing_sites
-from wild_zoo import BY_NAME, WILD
+from support.conv_bn_sites import coverage, existing_sites
+from support.wild_zoo import BY_NAME, WILD
 
 import fxfuse
 from fxfuse import measure

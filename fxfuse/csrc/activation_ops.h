@@ -120,7 +120,7 @@ at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate);
 at::Tensor gelu_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& self, c10::string_view approximate);
 
-// ---- linear_act / act_linear / conv_act (generic/linear_conv_act.cpp) ----
+// ---- linear_act / act_linear / conv_act (generic/linear_act.cpp, act_linear.cpp, conv_act.cpp) ----
 // act(linear(input, weight, bias)) and its backward, which recomputes linear(...).
 at::Tensor linear_act(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

@@ -1,55 +1,60 @@
-"""fxfuse's C++ operators as Python functions, one module per op family.
+"""fxfuse's C++ operators as Python functions, one module per op, named as the op.
 
-Each family module (`batch_norm`, `convolution`, `conv_batch_norm`, `batch_norm_conv`,
-`layer_activation`, `norm_linear`, `gelu_activation`) holds its wrappers with eager semantics and eager fallback, its
-fake kernels and its autograd formulas; `checks` holds what they share, and `activations`
-the registry of the activations they apply. Importing
-this package loads fxfuse._C (which defines the schemas and the CPU and
-device-generic kernels) and then registers every family's fake kernels and autograd.
-`compiled` holds the opt-in ATen compositions the wrappers run under torch.compile;
-`flops` the ops' formulas for torch.utils.flop_counter; `routing` the switch
-(`generic_path()`) that runs the device-generic implementations on CPU.
+Each op module (`batch_norm_act`, `conv_bn_act`, `bn_act_conv`, `conv2d`, `conv_act`,
+`linear_act`, `act_linear`, `act_linear_scale`, `gelu`, `layer_norm_linear`,
+`conv_layer_norm_linear`) holds its wrapper with eager semantics and eager fallback, its fake
+kernels and its autograd formula; `checks` holds what they share, `linear_autograd` the fake
+kernels and autograd linear_act and act_linear share, and `activations` the registry of the
+activations they apply. Importing this package loads fxfuse._C (which defines the schemas and
+the CPU and device-generic kernels) and then registers every op's fake kernels and autograd.
+`compiled` holds the opt-in ATen compositions the wrappers run under torch.compile; `flops`
+the ops' formulas for torch.utils.flop_counter; `routing` the switch (`generic_path()`) that
+runs the device-generic implementations on CPU.
+
+As in torchvision.ops, the package attribute of an op's name is the op's function, not its
+module: reach a module through `from fxfuse.ops.<op> import ...` or sys.modules.
 """
+
+import sys
 
 from .. import _extension
 from . import (
     activations,
-    batch_norm,
-    batch_norm_conv,
     compiled,
-    conv_batch_norm,
-    conv_norm_linear,
-    convolution,
     flops,
-    gelu_activation,
-    layer_activation,
-    norm_linear,
     routing,  # noqa: F401  (fxfuse.ops.routing: the generic_path switch)
 )
+from .act_linear import act_linear
+from .act_linear_scale import act_linear_scale
 from .activations import ACTIVATIONS
-from .batch_norm import batch_norm_act
-from .batch_norm_conv import bn_act_conv
-from .conv_batch_norm import conv_bn_act
-from .conv_norm_linear import conv_layer_norm_linear
-from .convolution import conv2d
-from .gelu_activation import gelu
-from .layer_activation import act_linear, act_linear_scale, conv_act, linear_act
-from .norm_linear import layer_norm_linear
+from .batch_norm_act import batch_norm_act
+from .bn_act_conv import bn_act_conv
+from .conv2d import conv2d
+from .conv_act import conv_act
+from .conv_bn_act import conv_bn_act
+from .conv_layer_norm_linear import conv_layer_norm_linear
+from .gelu import gelu
+from .layer_norm_linear import layer_norm_linear
+from .linear_act import linear_act
 from .routing import generic_path
 
+OPS = (
+    "act_linear",
+    "act_linear_scale",
+    "batch_norm_act",
+    "bn_act_conv",
+    "conv2d",
+    "conv_act",
+    "conv_bn_act",
+    "conv_layer_norm_linear",
+    "gelu",
+    "layer_norm_linear",
+    "linear_act",
+)
+
 if _extension.loaded():
-    _FAMILIES = (
-        batch_norm,
-        batch_norm_conv,
-        conv_batch_norm,
-        conv_norm_linear,
-        convolution,
-        gelu_activation,
-        layer_activation,
-        norm_linear,
-    )
-    for _family in _FAMILIES:
-        _family.register()
+    for _op in OPS:
+        sys.modules[f"{__name__}.{_op}"].register()
     flops.register()
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""What every fxfuse op family shares: applying and checking an activation (activations.py
+"""What the fxfuse op modules share: applying and checking an activation (activations.py
 lists them), and when a fused op may serve a call.
 
 A fused op runs only where it computes exactly what the eager ops compute (same dtypes

@@ -129,7 +129,7 @@ def _conv_bn_act_body(
 
 def _update(running_mean, running_var, mean, var, count, momentum, batch_stats) -> None:
     if batch_stats and running_mean is not None and running_var is not None:
-        from .batch_norm import update_running_stats
+        from .batch_norm_act import update_running_stats
 
         update_running_stats(running_mean, running_var, mean, var * (count / (count - 1)), momentum)
 

@@ -19,26 +19,26 @@ from __future__ import annotations
 
 from . import (
     act_linear,
-    bn_act,
+    batch_norm_act,
     bn_act_conv,
     conv_bn_act,
-    conv_norm_linear,
+    conv_layer_norm_linear,
     depthwise_conv,
     gelu,
     inplace_add,
+    layer_norm_linear,
     layer_scale,
     linear_conv_act,
-    norm_linear,
 )
 from .context import PassContext
 
 PASSES = (
     conv_bn_act.PASS,
-    bn_act.PASS,
+    batch_norm_act.PASS,
     act_linear.PASS,
     linear_conv_act.PASS,
-    conv_norm_linear.PASS,
-    norm_linear.PASS,
+    conv_layer_norm_linear.PASS,
+    layer_norm_linear.PASS,
     layer_scale.PASS,
     gelu.PASS,
     bn_act_conv.run,

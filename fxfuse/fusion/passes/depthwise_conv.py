@@ -4,7 +4,7 @@ Runs in every mode, after the fusing passes (bn_act_conv included): a depthwise 
 merged with a BN or an activation already runs fxfuse's conv backward inside the fused op. What is left (ConvNeXt's
 7×7 convs, followed by a LayerNorm) is rewritten to `fxfuse::conv2d`: the same forward, the
 same tensors kept for backward, and on CPU a weight gradient computed by fxfuse's depthwise
-kernel, several times faster than oneDNN's (ops/convolution.py). It saves no memory; the report
+kernel, several times faster than oneDNN's (ops/conv2d.py). It saves no memory; the report
 lists it for the time. 3×3 depthwise convs are left alone: there oneDNN's weight gradient is
 as fast as fxfuse's (measured), so the rewrite would change nothing but rounding.
 """

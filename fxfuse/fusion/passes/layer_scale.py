@@ -1,6 +1,6 @@
 """Linear → [Identity / Dropout(p=0)] → [permute] → × scale  ⇒  fxfuse::act_linear_scale.
 
-Runs in every mode, after act_linear and norm_linear. A Linear (a module, or the
+Runs in every mode, after act_linear and layer_norm_linear. A Linear (a module, or the
 act_linear call an activation was merged into) whose output is multiplied by a
 parameter that scales each output feature (a LayerScale: torchvision's ConvNeXt
 `layer_scale * permute(fc2(...))`, timm's `x.mul(gamma.reshape(1, -1, 1, 1))` and

@@ -1,9 +1,9 @@
 """Conv2d → permute(0, 2, 3, 1) → LayerNorm → Linear  ⇒  fxfuse::conv_layer_norm_linear.
 
-Runs in mode="memory", before norm_linear: ConvNeXt's depthwise conv → LayerNorm → fc1. Eager
+Runs in mode="memory", before layer_norm_linear: ConvNeXt's depthwise conv → LayerNorm → fc1. Eager
 keeps the conv's input, its output (the layer norm's input) and the layer norm's output;
-norm_linear's op drops the last, this one the conv output too and runs the conv again in
-backward (ops/conv_norm_linear.py). For a depthwise conv that costs about what a pointwise
+layer_norm_linear's op drops the last, this one the conv output too and runs the conv again in
+backward (ops/conv_layer_norm_linear.py). For a depthwise conv that costs about what a pointwise
 pass does (98 FLOPs per element of a 7×7 conv); the policy ranks it as an upgrade of the
 layer_norm_linear and depthwise_conv sites on the same layers, by recompute FLOPs per byte
 freed, so a budget takes the cheap ones first. The conv output and the permute must have no
@@ -22,8 +22,8 @@ from . import estimates
 from .calls import as_conv, conv_arguments, conv_weight_shape, pattern_name
 from .context import PassContext
 from .driver import FusionPass, Site
+from .layer_norm_linear import norm_linear_at, redirect_shape_reads
 from .matchers import permute_of, site_name
-from .norm_linear import norm_linear_at, redirect_shape_reads
 
 _CHANNELS_LAST = (0, 2, 3, 1)
 
@@ -31,7 +31,7 @@ _CHANNELS_LAST = (0, 2, 3, 1)
 def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     found = norm_linear_at(node, ctx)
     if found is None or found.problem:
-        return None  # norm_linear reports the problem
+        return None  # layer_norm_linear reports the problem
     permuted = permute_of(found.source)
     if permuted is None or permuted[1] != _CHANNELS_LAST or len(found.source.users) != 1:
         return None

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 CONV_BN_PATTERN = "conv2d→batch_norm2d"  # prefix of the conv_bn_act pass's pattern names
-BN_PATTERN = "batch_norm2d→"  # prefix of the bn_act pass's (BN fused on its own, conv kept)
+BN_PATTERN = "batch_norm2d→"  # prefix of the batch_norm_act pass's (BN fused on its own, conv kept)
 
 
 @dataclass(frozen=True)

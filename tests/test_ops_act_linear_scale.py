@@ -1,4 +1,4 @@
-"""fxfuse::act_linear_scale (fxfuse/ops/layer_activation.py): F.linear(act(x), W, b) * scale that keeps
+"""fxfuse::act_linear_scale (fxfuse/ops/act_linear_scale.py): F.linear(act(x), W, b) * scale that keeps
 only its inputs; the scale's gradient comes from the weight gradient's product."""
 
 import pytest

@@ -1,4 +1,5 @@
-"""fxfuse::layer_norm_linear (fxfuse/ops/norm_linear.py): eager's bits, what it keeps, bad input, autocast, compile."""
+"""fxfuse::layer_norm_linear (fxfuse/ops/layer_norm_linear.py): eager's bits, what it keeps, bad input, autocast,
+compile."""
 
 import pytest
 import torch

@@ -7,7 +7,7 @@ depthwise convolution with a kernel of 5×5 or more (float32; any depthwise kern
 come from fxfuse's own kernel. oneDNN, which eager runs there, computes that weight gradient
 5–50× slower than the input gradient of the same FLOPs (benchmarks/bench_depthwise.py).
 fxfuse's kernel sums in float32 too, in a different order: its error against a float64 run is
-no worse than eager's beyond float32 rounding (tests/test_conv2d.py holds it to 1.5× eager's or
+no worse than eager's beyond float32 rounding (tests/test_ops_conv2d.py holds it to 1.5× eager's or
 5e-7, and below eager's at ConvNeXt's size).
 
 Calls the op cannot serve exactly (tensor subclasses, shapes or arguments F.conv2d rejects,

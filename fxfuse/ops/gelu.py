@@ -1,4 +1,4 @@
-"""The GELU family: `gelu`, fxfuse::gelu and fxfuse::gelu_backward.
+"""`gelu`, fxfuse::gelu and fxfuse::gelu_backward.
 
 `gelu(x, approximate)` computes `F.gelu(x, approximate=approximate)` with fxfuse's
 hand-written CPU kernels (ATen's elsewhere), in its input's dtype as F.gelu does.
@@ -64,7 +64,7 @@ def _gelu_bwd(ctx, grad_out):
 
 
 def register() -> None:
-    """Fake kernels and autograd of this family's ops (fxfuse._C defines the ops)."""
+    """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
     torch.library.register_fake("fxfuse::gelu", _gelu_fake)
     torch.library.register_fake("fxfuse::gelu_backward", _gelu_backward_fake)
     torch.library.register_autograd("fxfuse::gelu", _gelu_bwd, setup_context=_gelu_setup)

@@ -1,4 +1,4 @@
-"""fxfuse::conv2d / conv2d_backward (fxfuse/ops/convolution.py): the depthwise weight-gradient
+"""fxfuse::conv2d / conv2d_backward (fxfuse/ops/conv2d.py): the depthwise weight-gradient
 kernel (csrc/cpu/depthwise_kernel*.cpp) against a float64 reference and against eager's own
 float32 error, the routing to ATen, and the op: eager's forward, gradcheck, opcheck, saved
 tensors, autocast, bad input.

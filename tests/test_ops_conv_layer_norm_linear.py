@@ -1,4 +1,4 @@
-"""fxfuse::conv_layer_norm_linear (fxfuse/ops/conv_norm_linear.py): eager's forward bit for bit,
+"""fxfuse::conv_layer_norm_linear (fxfuse/ops/conv_layer_norm_linear.py): eager's forward bit for bit,
 gradients against eager, gradcheck, opcheck, what it keeps, autocast, bad input."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is no
 
 if _extension.loaded():
     from fxfuse.ops import conv_layer_norm_linear
-    from fxfuse.ops.conv_norm_linear import _eager
+    from fxfuse.ops.conv_layer_norm_linear import _eager
 
     ops = torch.ops.fxfuse
 

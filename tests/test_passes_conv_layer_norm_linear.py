@@ -1,4 +1,4 @@
-"""Conv2d → permute → LayerNorm → Linear ⇒ fxfuse::conv_layer_norm_linear (passes/conv_norm_linear.py):
+"""Conv2d → permute → LayerNorm → Linear ⇒ fxfuse::conv_layer_norm_linear (passes/conv_layer_norm_linear.py):
 what it takes, what it leaves, exactness, the bytes it frees, and how the budget ranks it."""
 
 import copy

@@ -1,4 +1,4 @@
-"""The batch-norm → activation → conv family: `bn_act_conv`, fxfuse::bn_act_conv(_backward).
+"""`bn_act_conv`, fxfuse::bn_act_conv(_backward).
 
 `bn_act_conv(...)` computes exactly `F.conv2d(act(F.batch_norm(input, ...)), ...)`,
 updating running statistics the same way, but keeps only the BN input and its
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .batch_norm import batch_norm_act, batch_ok, normalize_act, update_running_stats
+from .batch_norm_act import batch_norm_act, batch_ok, normalize_act, update_running_stats
 from .checks import (
     _AUTOCAST_CASTS,
     AUTOCAST_DEVICES,
@@ -43,7 +43,7 @@ from .checks import (
     layer_kernels_apply,
     stats_like,
 )
-from .conv_batch_norm import conv_bn_act
+from .conv_bn_act import conv_bn_act
 from .higher_order import composed_gradients, differentiating
 
 __all__ = ["bn_act_conv"]
@@ -260,7 +260,7 @@ def _backward(ctx, grad_out, *_grad_stats):
 
 
 def register() -> None:
-    """Fake kernels and autograd of this family's ops (fxfuse._C defines the ops; FLOPs: ops/flops.py)."""
+    """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops; FLOPs: ops/flops.py)."""
     torch.library.register_fake("fxfuse::bn_act_conv", _bn_act_conv_fake)
     torch.library.register_fake("fxfuse::bn_act_conv_backward", _bn_act_conv_backward_fake)
     torch.library.register_autograd("fxfuse::bn_act_conv", _backward, setup_context=_setup)

@@ -1,4 +1,4 @@
-"""LayerNorm → Linear merge (passes/norm_linear.py): what it takes, what it leaves, exactness and bytes."""
+"""LayerNorm → Linear merge (passes/layer_norm_linear.py): what it takes, what it leaves, exactness and bytes."""
 
 import copy
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from autocast_training import assert_trains_like_eager_autocast
+from support.autocast_training import assert_trains_like_eager_autocast
 from torch import nn
 
 import fxfuse

@@ -1,4 +1,4 @@
-"""The batch-norm + activation family: `batch_norm_act` and the ops it and conv_bn_act build on.
+"""`batch_norm_act`, fxfuse::batch_norm_act(_backward), and the ops it and conv_bn_act build on.
 
 `batch_norm_act(...)` computes exactly `act(F.batch_norm(...))`, updating running
 statistics the same way, but keeps only the BN input and the per-channel statistics
@@ -191,7 +191,7 @@ def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var
 
 
 def register() -> None:
-    """Fake kernels and autograd of this family's ops (fxfuse._C defines the ops)."""
+    """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
     for name, fake in (
         ("bn_stats", _bn_stats_fake),
         ("bn_act", _bn_act_fake),

@@ -23,10 +23,10 @@ from torch import Tensor
 from . import compiled
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
 from .higher_order import composed_gradients, differentiating
-from .norm_linear import _backward_fake as _norm_linear_backward_fake
-from .norm_linear import _fake as _norm_linear_fake
-from .norm_linear import _fusable as _norm_linear_fusable
-from .norm_linear import _last_dim, layer_norm_linear
+from .layer_norm_linear import _backward_fake as _norm_linear_backward_fake
+from .layer_norm_linear import _fake as _norm_linear_fake
+from .layer_norm_linear import _fusable as _norm_linear_fusable
+from .layer_norm_linear import _last_dim, layer_norm_linear
 
 __all__ = ["conv_layer_norm_linear"]
 

@@ -1,4 +1,4 @@
-"""The conv + batch-norm + activation family: `conv_bn_act`, fxfuse::conv_bn_act(_backward).
+"""`conv_bn_act`, fxfuse::conv_bn_act(_backward).
 
 `conv_bn_act(...)` computes exactly `act(F.batch_norm(F.conv2d(...), ...))`, updating
 running statistics the same way, but keeps only the conv input (plus weights and
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .batch_norm import batch_ok, normalize_act, update_running_stats
+from .batch_norm_act import batch_ok, normalize_act, update_running_stats
 from .checks import (
     IntPair,
     apply_activation,
@@ -231,7 +231,7 @@ def _backward(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
 
 
 def register() -> None:
-    """Fake kernels and autograd of this family's ops (fxfuse._C defines the ops)."""
+    """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
     torch.library.register_fake("fxfuse::conv_bn_act", _conv_bn_act_fake)
     torch.library.register_fake("fxfuse::conv_bn_act_backward", _conv_bn_act_backward_fake)
     torch.library.register_autograd("fxfuse::conv_bn_act", _backward, setup_context=_setup)

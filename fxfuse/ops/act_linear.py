@@ -1,0 +1,50 @@
+"""`act_linear`, fxfuse::act_linear and fxfuse::act_linear_backward.
+
+`act_linear(input, weight, bias, act)` computes `F.linear(act(input), weight, bias)`: eager
+keeps the activation's input for its backward and its output for the linear's weight
+gradient; the op keeps only the input and recomputes the activation (one pointwise pass) for
+the weight gradient. In a transformer or ConvNeXt MLP (Linear → GELU → Linear) that is the
+4×-wide GELU output, for no matmul recomputed.
+
+Under torch.autocast (CPU, CUDA) it casts its operands as autocast casts F.linear (its
+Autocast kernel, csrc/autocast/). Calls the fused op cannot serve exactly (mixed dtypes or
+devices, tensor subclasses, shapes F.linear rejects, ...) run the eager composition instead,
+so bad input raises exactly what eager raises. The fake kernel runs aten::linear's own meta
+function.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import compiled
+from .checks import apply_activation, check_act, linear_fusable
+from .linear_autograd import register_linear_op
+
+__all__ = ["act_linear"]
+
+
+def act_linear(
+    input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, act: str = "gelu", act_param: float = 0.0
+) -> Tensor:
+    """`F.linear(act(input), weight, bias)` that keeps only input, weight and bias for backward."""
+    check_act(act)
+    if linear_fusable(input, weight, bias):
+        if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
+            return compiled.compiled_act_layer(F.linear, (input, weight, bias), act, act_param)
+        return torch.ops.fxfuse.act_linear(input, weight, bias, act, float(act_param))
+    return eager(input, weight, bias, act=act, act_param=act_param)
+
+
+def eager(input, weight, bias, *, act, act_param):
+    """The eager composition (act_linear_scale's too)."""
+    return F.linear(apply_activation(input, act, act_param), weight, bias)
+
+
+def register() -> None:
+    """Fake kernels and autograd of fxfuse::act_linear (fxfuse._C defines the op)."""
+    register_linear_op("act_linear", eager)

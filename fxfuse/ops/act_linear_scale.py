@@ -1,0 +1,111 @@
+"""`act_linear_scale`, fxfuse::act_linear_scale and fxfuse::act_linear_scale_backward.
+
+`act_linear_scale(input, weight, bias, scale, act)` computes `F.linear(act(input), weight,
+bias) * scale` with one scale per output feature (a LayerScale). Eager's multiply keeps the
+linear's output for the scale's gradient; the op keeps only input, weight, bias and scale and
+gets that gradient from the weight gradient's product.
+
+Under autocast, or with a scale of another dtype or device (type promotion), it is eager's
+composition, as it is for every call the fused op cannot serve exactly (act_linear.py).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import compiled
+from .act_linear import act_linear
+from .act_linear import eager as _act_linear_eager
+from .checks import autocast_on, check_act, check_linear, linear_fusable, plain
+from .higher_order import composed_gradients, differentiating
+
+__all__ = ["act_linear_scale"]
+
+
+def act_linear_scale(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    scale: Tensor,
+    act: str = "none",
+    act_param: float = 0.0,
+) -> Tensor:
+    """`F.linear(act(input), weight, bias) * scale`, one scale per output feature (a LayerScale),
+    keeping only input, weight, bias and scale for backward (eager's multiply keeps the linear's
+    output for the scale's gradient; the op gets that gradient from the weight gradient's product).
+
+    Under autocast, or with a scale of another dtype or device (type promotion), it is eager's
+    composition."""
+    check_act(act)
+    if (
+        linear_fusable(input, weight, bias)
+        and plain(scale)
+        and not autocast_on(input.device.type)
+        and scale.dim() == 1
+        and scale.shape[0] == weight.shape[0]
+        and scale.dtype == input.dtype
+        and scale.device == input.device
+    ):
+        if compiled.composing():  # under torch.compile with the compositions: act_linear's, then the multiply
+            return act_linear(input, weight, bias, act, act_param) * scale
+        return torch.ops.fxfuse.act_linear_scale(input, weight, bias, scale, act, float(act_param))
+    return _act_linear_eager(input, weight, bias, act=act, act_param=act_param) * scale
+
+
+def _check_scale(weight, scale, op: str) -> None:
+    torch._check(
+        scale.dim() == 1 and scale.shape[0] == weight.shape[0],
+        lambda: f"fxfuse::{op}: expected a scale of shape [{weight.shape[0]}], got {tuple(scale.shape)}",
+    )
+
+
+def _fake(input, weight, bias, scale, act, act_param):
+    check_linear(input, weight, bias, "act_linear_scale")
+    _check_scale(weight, scale, "act_linear_scale")
+    check_act(act)
+    return torch.ops.aten.linear.default(input, weight, bias)
+
+
+def _backward_fake(grad_out, input, weight, bias, scale, act, act_param, output_mask):
+    check_linear(input, weight, bias, "act_linear_scale_backward")
+    _check_scale(weight, scale, "act_linear_scale_backward")
+    check_act(act)
+    return (
+        input.new_empty(input.shape) if output_mask[0] else None,
+        weight.new_empty(weight.shape) if output_mask[1] else None,
+        bias.new_empty(bias.shape) if output_mask[2] and bias is not None else None,
+        scale.new_empty(scale.shape) if output_mask[3] else None,
+    )
+
+
+def _setup(ctx, inputs, output):
+    input, weight, bias, scale, act, act_param = inputs
+    ctx.save_for_backward(input, weight, bias, scale)
+    ctx.config = (act, act_param)
+
+
+def _bwd(ctx, grad_out):
+    input, weight, bias, scale = ctx.saved_tensors
+    act, act_param = ctx.config
+    need = ctx.needs_input_grad
+    if differentiating(grad_out, input, weight, bias, scale):
+
+        def compose(x, w, b, s):
+            return _act_linear_eager(x, w, b, act=act, act_param=act_param) * s
+
+        grads = composed_gradients(compose, (input, weight, bias, scale), need[:4], grad_out)
+        return (*grads, None, None)
+    grads = torch.ops.fxfuse.act_linear_scale_backward(
+        grad_out, input, weight, bias, scale, act, act_param, [need[0], need[1], need[2], need[3]]
+    )
+    return (*grads, None, None)
+
+
+def register() -> None:
+    """Fake kernels and autograd of fxfuse::act_linear_scale (fxfuse._C defines the op)."""
+    torch.library.register_fake("fxfuse::act_linear_scale", _fake)
+    torch.library.register_fake("fxfuse::act_linear_scale_backward", _backward_fake)
+    torch.library.register_autograd("fxfuse::act_linear_scale", _bwd, setup_context=_setup)
