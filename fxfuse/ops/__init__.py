@@ -3,8 +3,8 @@
 Each op module (`batch_norm_act`, `conv_bn_act`, `bn_act_conv`, `conv2d`, `conv_act`,
 `linear_act`, `act_linear`, `act_linear_scale`, `gelu`, `layer_norm_linear`,
 `conv_layer_norm_linear`) holds its wrapper with eager semantics and eager fallback, its fake
-kernels and its autograd formula; `checks` holds what they share, `linear_autograd` the fake
-kernels and autograd linear_act and act_linear share, and `activations` the registry of the
+kernels and its autograd formula; `checks` holds what they share, `linear_common` what
+linear_act and act_linear share, and `activations` the registry of the
 activations they apply. Importing this package loads fxfuse._C (which defines the schemas and
 the CPU and device-generic kernels) and then registers every op's fake kernels and autograd.
 `compiled` holds the opt-in ATen compositions the wrappers run under torch.compile; `flops`

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .checks import apply_activation, check_act, linear_fusable
-from .linear_autograd import register_linear_op
+from .checks import apply_activation
+from .linear_common import call_linear_op, register_linear_op
 
 __all__ = ["act_linear"]
 
@@ -32,12 +31,7 @@ def act_linear(
     input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, act: str = "gelu", act_param: float = 0.0
 ) -> Tensor:
     """`F.linear(act(input), weight, bias)` that keeps only input, weight and bias for backward."""
-    check_act(act)
-    if linear_fusable(input, weight, bias):
-        if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
-            return compiled.compiled_act_layer(F.linear, (input, weight, bias), act, act_param)
-        return torch.ops.fxfuse.act_linear(input, weight, bias, act, float(act_param))
-    return eager(input, weight, bias, act=act, act_param=act_param)
+    return call_linear_op("act_linear", compiled.compiled_act_layer, eager, input, weight, bias, act, act_param)
 
 
 def eager(input, weight, bias, *, act, act_param):

@@ -20,7 +20,7 @@ from . import compiled
 from .act_linear import act_linear
 from .act_linear import eager as _act_linear_eager
 from .checks import autocast_on, check_act, check_linear, linear_fusable, plain
-from .higher_order import composed_gradients, differentiating
+from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["act_linear_scale"]
 
@@ -90,18 +90,16 @@ def _setup(ctx, inputs, output):
 def _bwd(ctx, grad_out):
     input, weight, bias, scale = ctx.saved_tensors
     act, act_param = ctx.config
-    need = ctx.needs_input_grad
+    mask = needed(ctx, (0, 1, 2, 3))
     if differentiating(grad_out, input, weight, bias, scale):
 
         def compose(x, w, b, s):
             return _act_linear_eager(x, w, b, act=act, act_param=act_param) * s
 
-        grads = composed_gradients(compose, (input, weight, bias, scale), need[:4], grad_out)
-        return (*grads, None, None)
-    grads = torch.ops.fxfuse.act_linear_scale_backward(
-        grad_out, input, weight, bias, scale, act, act_param, [need[0], need[1], need[2], need[3]]
-    )
-    return (*grads, None, None)
+        grads = composed_gradients(compose, (input, weight, bias, scale), mask, grad_out)
+    else:
+        grads = torch.ops.fxfuse.act_linear_scale_backward(grad_out, input, weight, bias, scale, act, act_param, mask)
+    return gradients_at((0, 1, 2, 3), grads, 6)
 
 
 def register() -> None:

@@ -44,7 +44,7 @@ from .checks import (
     stats_like,
 )
 from .conv_bn_act import conv_bn_act
-from .higher_order import composed_gradients, differentiating
+from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["bn_act_conv"]
 
@@ -236,8 +236,7 @@ def _backward(ctx, grad_out, *_grad_stats):
         in_batch_stats, in_eps, in_act, in_act_param, stride, padding, dilation, groups, epilogue, batch_stats,
         eps, act, act_param,
     ) = ctx.config  # fmt: skip
-    need = ctx.needs_input_grad
-    mask = [need[i] for i in _GRAD_ARGS]
+    mask = needed(ctx, _GRAD_ARGS)
     if differentiating(grad_out, input, in_weight, in_bias, weight, bias, bn_weight, bn_bias):
 
         def compose(x, in_w, in_b, w, b, bn_w, bn_b):
@@ -253,10 +252,7 @@ def _backward(ctx, grad_out, *_grad_stats):
             weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, mean, var, batch_stats,
             eps, act, act_param, mask,
         )  # fmt: skip
-    result = [None] * 24
-    for index, grad in zip(_GRAD_ARGS, grads):
-        result[index] = grad
-    return tuple(result)
+    return gradients_at(_GRAD_ARGS, grads, 24)
 
 
 def register() -> None:

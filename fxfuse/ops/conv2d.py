@@ -26,7 +26,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
-from .higher_order import composed_gradients, differentiating
+from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["conv2d"]
 
@@ -68,15 +68,13 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_out):
     input, weight, bias = ctx.saved_tensors
-    need = ctx.needs_input_grad
+    mask = needed(ctx, (0, 1, 2))
     if differentiating(grad_out, input, weight, bias):
         conv = functools.partial(_conv2d, config=ctx.config)
-        grads = composed_gradients(conv, (input, weight, bias), need[:3], grad_out)
-        return (*grads, None, None, None, None)
-    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.conv2d_backward(
-        grad_out, input, weight, bias, *ctx.config, [need[0], need[1], need[2]]
-    )
-    return grad_input, grad_weight, grad_bias, None, None, None, None
+        grads = composed_gradients(conv, (input, weight, bias), mask, grad_out)
+    else:
+        grads = torch.ops.fxfuse.conv2d_backward(grad_out, input, weight, bias, *ctx.config, mask)
+    return gradients_at((0, 1, 2), grads, 7)
 
 
 def register() -> None:

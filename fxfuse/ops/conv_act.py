@@ -23,7 +23,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import IntPair, apply_activation, check_act, conv_backward_meta, conv_meta, fusable_conv_geometry
-from .higher_order import composed_gradients, differentiating
+from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["conv_act"]
 
@@ -80,28 +80,18 @@ def _setup(ctx, inputs, output):
 def _bwd(ctx, grad_out):
     input, weight, bias = ctx.saved_tensors
     stride, padding, dilation, groups, act, act_param = ctx.config
-    need = ctx.needs_input_grad
+    mask = needed(ctx, (0, 1, 2))
     if differentiating(grad_out, input, weight, bias):
 
         def compose(x, w, b):
             return apply_activation(F.conv2d(x, w, b, stride, padding, dilation, groups), act, act_param)
 
-        grads = composed_gradients(compose, (input, weight, bias), need[:3], grad_out)
-        return (*grads, None, None, None, None, None, None)
-    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.conv_act_backward(
-        grad_out,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        dilation,
-        groups,
-        act,
-        act_param,
-        [need[0], need[1], need[2]],
-    )
-    return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+        grads = composed_gradients(compose, (input, weight, bias), mask, grad_out)
+    else:
+        grads = torch.ops.fxfuse.conv_act_backward(
+            grad_out, input, weight, bias, stride, padding, dilation, groups, act, act_param, mask
+        )
+    return gradients_at((0, 1, 2), grads, 9)
 
 
 def register() -> None:

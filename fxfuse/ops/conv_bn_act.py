@@ -31,7 +31,7 @@ from .checks import (
     layer_kernels_apply,
     stats_like,
 )
-from .higher_order import composed_gradients, differentiating
+from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["conv_bn_act"]
 
@@ -104,45 +104,17 @@ def conv_bn_act(
 
 
 def _conv_bn_act_fake(
-    input,
-    weight,
-    bias,
-    stride,
-    padding,
-    dilation,
-    groups,
-    bn_weight,
-    bn_bias,
-    running_mean,
-    running_var,
-    batch_stats,
-    eps,
-    act,
-    act_param,
-):
+    input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, running_mean, running_var,
+    batch_stats, eps, act, act_param,
+):  # fmt: skip
     y = conv_meta(input, weight, bias, stride, padding, dilation, groups)
     return torch.empty_like(y), stats_like(y), stats_like(y), stats_like(y)
 
 
 def _conv_bn_act_backward_fake(
-    grad_out,
-    input,
-    weight,
-    bias,
-    stride,
-    padding,
-    dilation,
-    groups,
-    bn_weight,
-    bn_bias,
-    mean,
-    var,
-    batch_stats,
-    eps,
-    act,
-    act_param,
-    output_mask,
-):
+    grad_out, input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, mean, var, batch_stats,
+    eps, act, act_param, output_mask,
+):  # fmt: skip
     grad_input, grad_weight, grad_bias = conv_backward_meta(
         input, weight, bias, stride, padding, dilation, groups, output_mask[:3]
     )
@@ -155,24 +127,16 @@ def _conv_bn_act_backward_fake(
     )
 
 
+# Positions in the op's arguments of the tensors conv_bn_act_backward returns gradients for:
+# input, weight, bias, bn_weight, bn_bias.
+_GRAD_ARGS = (0, 1, 2, 7, 8)
+
+
 def _setup(ctx, inputs, output):
     (
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        dilation,
-        groups,
-        bn_weight,
-        bn_bias,
-        _running_mean,
-        _running_var,
-        batch_stats,
-        eps,
-        act,
-        act_param,
-    ) = inputs
+        input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, _running_mean, _running_var,
+        batch_stats, eps, act, act_param,
+    ) = inputs  # fmt: skip
     _, mean, var, _ = output
     ctx.save_for_backward(input, weight, bias, bn_weight, bn_bias, mean, var)
     ctx.config = (stride, padding, dilation, groups, batch_stats, eps, act, act_param)
@@ -181,8 +145,7 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
     input, weight, bias, bn_weight, bn_bias, mean, var = ctx.saved_tensors
     stride, padding, dilation, groups, batch_stats, eps, act, act_param = ctx.config
-    need = ctx.needs_input_grad
-    mask = [need[0], need[1], need[2], need[7], need[8]]  # input, weight, bias, bn_weight, bn_bias
+    mask = needed(ctx, _GRAD_ARGS)
     if differentiating(grad_out, input, weight, bias, bn_weight, bn_bias):
 
         def compose(x, w, b, bn_w, bn_b):
@@ -192,42 +155,10 @@ def _backward(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
         grads = composed_gradients(compose, (input, weight, bias, bn_weight, bn_bias), mask, grad_out)
     else:
         grads = torch.ops.fxfuse.conv_bn_act_backward(
-            grad_out,
-            input,
-            weight,
-            bias,
-            stride,
-            padding,
-            dilation,
-            groups,
-            bn_weight,
-            bn_bias,
-            mean,
-            var,
-            batch_stats,
-            eps,
-            act,
-            act_param,
-            mask,
-        )
-    grad_input, grad_weight, grad_bias, grad_bn_weight, grad_bn_bias = grads
-    return (
-        grad_input,
-        grad_weight,
-        grad_bias,
-        None,
-        None,
-        None,
-        None,
-        grad_bn_weight,
-        grad_bn_bias,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+            grad_out, input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, mean, var,
+            batch_stats, eps, act, act_param, mask,
+        )  # fmt: skip
+    return gradients_at(_GRAD_ARGS, grads, 15)
 
 
 def register() -> None:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
-from .higher_order import composed_gradients, differentiating
+from .higher_order import composed_gradients, differentiating, gradients_at, needed
 from .layer_norm_linear import _backward_fake as _norm_linear_backward_fake
 from .layer_norm_linear import _fake as _norm_linear_fake
 from .layer_norm_linear import _fusable as _norm_linear_fusable
@@ -92,25 +92,27 @@ def _setup(ctx, inputs, output):
     ctx.config = (stride, padding, dilation, groups, shape, eps)
 
 
+# Positions in the op's arguments of the tensors conv_layer_norm_linear_backward returns gradients
+# for: input, conv_weight, conv_bias, ln_weight, ln_bias, weight, bias.
+_GRAD_ARGS = (0, 1, 2, 8, 9, 11, 12)
+
+
 def _bwd(ctx, grad_out):
     input, conv_weight, conv_bias, ln_w, ln_b, w, b = ctx.saved_tensors
     stride, padding, dilation, groups, shape, eps = ctx.config
-    need = ctx.needs_input_grad
+    mask = needed(ctx, _GRAD_ARGS)
     if differentiating(grad_out, input, conv_weight, conv_bias, ln_w, ln_b, w, b):
 
         def compose(x, cw, cb, lw, lb, w_, b_):
             return _eager(x, cw, cb, stride, padding, dilation, groups, shape, lw, lb, eps, w_, b_)
 
-        tensors = (input, conv_weight, conv_bias, ln_w, ln_b, w, b)
-        mask = [need[i] for i in (0, 1, 2, 8, 9, 11, 12)]
-        gi, gcw, gcb, gln_w, gln_b, gw, gb = composed_gradients(compose, tensors, mask, grad_out)
-        return gi, gcw, gcb, None, None, None, None, None, gln_w, gln_b, None, gw, gb
-    grads = torch.ops.fxfuse.conv_layer_norm_linear_backward(
-        grad_out, input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w, b,
-        [need[0], need[1], need[2], need[8], need[9], need[11], need[12]],
-    )  # fmt: skip
-    gi, gcw, gcb, gln_w, gln_b, gw, gb = grads
-    return gi, gcw, gcb, None, None, None, None, None, gln_w, gln_b, None, gw, gb
+        grads = composed_gradients(compose, (input, conv_weight, conv_bias, ln_w, ln_b, w, b), mask, grad_out)
+    else:
+        grads = torch.ops.fxfuse.conv_layer_norm_linear_backward(
+            grad_out, input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w,
+            b, mask,
+        )  # fmt: skip
+    return gradients_at(_GRAD_ARGS, grads, 13)
 
 
 def register() -> None:

@@ -14,6 +14,9 @@ through the C++ ops: forward AD drops the tangent (the ops have no forward formu
 tensor does not require grad, so no autograd formula runs either), and functorch rejects
 `register_autograd`'s function. Under either, `transformed()` is true and the op wrappers and
 the optimized forward run eager's ops instead (fusion/optimize.py).
+
+`needed` and `gradients_at` map an op's arguments to the gradients its backward computes, the
+same way for both paths.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
 
-__all__ = ["composed_gradients", "differentiating", "transformed"]
+__all__ = ["composed_gradients", "differentiating", "gradients_at", "needed", "transformed"]
 
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -56,3 +59,17 @@ def composed_gradients(
     for i, grad in zip(wanted, grads):
         result[i] = grad
     return result
+
+
+def needed(ctx, positions: Sequence[int]) -> list[bool]:
+    """The output mask of a C++ backward op: whether autograd needs the gradient of the forward
+    op's argument at each of `positions`."""
+    return [ctx.needs_input_grad[i] for i in positions]
+
+
+def gradients_at(positions: Sequence[int], grads: Sequence[Optional[Tensor]], count: int) -> tuple:
+    """What an autograd formula returns for an op of `count` arguments: `grads` at `positions`, None elsewhere."""
+    result: list[Optional[Tensor]] = [None] * count
+    for index, grad in zip(positions, grads):
+        result[index] = grad
+    return tuple(result)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import autocast_on, check_linear, linear_fusable, plain
-from .higher_order import composed_gradients, differentiating
+from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["layer_norm_linear"]
 
@@ -117,24 +117,26 @@ def _setup(ctx, inputs, output):
     ctx.config = (normalized_shape, eps)
 
 
+# Positions in the op's arguments of the tensors layer_norm_linear_backward returns gradients for:
+# input, ln_weight, ln_bias, weight, bias.
+_GRAD_ARGS = (0, 2, 3, 5, 6)
+
+
 def _bwd(ctx, grad_out):
     input, ln_weight, ln_bias, weight, bias = ctx.saved_tensors
     normalized_shape, eps = ctx.config
-    need = ctx.needs_input_grad
+    mask = needed(ctx, _GRAD_ARGS)
     if differentiating(grad_out, input, ln_weight, ln_bias, weight, bias):
 
         def compose(x, ln_w, ln_b, w, b):
             return F.linear(F.layer_norm(x, normalized_shape, ln_w, ln_b, eps), w, b)
 
-        tensors = (input, ln_weight, ln_bias, weight, bias)
-        gi, gln_w, gln_b, gw, gb = composed_gradients(compose, tensors, [need[i] for i in (0, 2, 3, 5, 6)], grad_out)
-        return gi, None, gln_w, gln_b, None, gw, gb
-    grads = torch.ops.fxfuse.layer_norm_linear_backward(
-        grad_out, input, normalized_shape, ln_weight, ln_bias, eps, weight, bias,
-        [need[0], need[2], need[3], need[5], need[6]],
-    )  # fmt: skip
-    grad_input, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias = grads
-    return grad_input, None, grad_ln_weight, grad_ln_bias, None, grad_weight, grad_bias
+        grads = composed_gradients(compose, (input, ln_weight, ln_bias, weight, bias), mask, grad_out)
+    else:
+        grads = torch.ops.fxfuse.layer_norm_linear_backward(
+            grad_out, input, normalized_shape, ln_weight, ln_bias, eps, weight, bias, mask
+        )
+    return gradients_at(_GRAD_ARGS, grads, 7)
 
 
 def register() -> None:

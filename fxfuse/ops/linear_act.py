@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .checks import apply_activation, check_act, linear_fusable
-from .linear_autograd import register_linear_op
+from .checks import apply_activation
+from .linear_common import call_linear_op, register_linear_op
 
 __all__ = ["linear_act"]
 
@@ -30,12 +29,7 @@ def linear_act(
     input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, act: str = "gelu", act_param: float = 0.0
 ) -> Tensor:
     """`act(F.linear(input, weight, bias))` that keeps only input, weight and bias for backward."""
-    check_act(act)
-    if linear_fusable(input, weight, bias):
-        if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
-            return compiled.compiled_layer_act(F.linear, (input, weight, bias), act, act_param)
-        return torch.ops.fxfuse.linear_act(input, weight, bias, act, float(act_param))
-    return _eager(input, weight, bias, act=act, act_param=act_param)
+    return call_linear_op("linear_act", compiled.compiled_layer_act, _eager, input, weight, bias, act, act_param)
 
 
 def _eager(input, weight, bias, *, act, act_param):

@@ -1,0 +1,70 @@
+"""What the ops that are one linear layer and an activation (`linear_act`, `act_linear`) share:
+the wrapper's choice between the op, its torch.compile composition and eager, and the op's fake
+kernels and autograd formula. One schema, the same saved tensors (input, weight, bias) and
+gradients of the same shapes; only the eager composition differs."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import compiled
+from .checks import check_act, check_linear, linear_fusable
+from .higher_order import composed_gradients, differentiating, gradients_at, needed
+
+
+def call_linear_op(op: str, composition: Callable, eager: Callable, input, weight, bias, act: str, act_param: float):
+    """fxfuse::`op`(input, weight, bias, act, act_param) where it computes the call exactly; under
+    torch.compile `composition(F.linear, ...)`, which inductor fuses (ops/compiled.py); else
+    `eager(input, weight, bias, act=..., act_param=...)`, which raises eager's errors."""
+    check_act(act)
+    if linear_fusable(input, weight, bias):
+        if compiled.applies(input):
+            return composition(F.linear, (input, weight, bias), act, act_param)
+        return getattr(torch.ops.fxfuse, op)(input, weight, bias, act, float(act_param))
+    return eager(input, weight, bias, act=act, act_param=act_param)
+
+
+def register_linear_op(op: str, compose: Callable) -> None:
+    """Register the fake kernels and autograd of fxfuse::`op`, whose eager composition is
+    `compose(input, weight, bias, *, act, act_param)`."""
+
+    def fake(input, weight, bias, act, act_param):
+        check_linear(input, weight, bias, op)
+        check_act(act)
+        return torch.ops.aten.linear.default(input, weight, bias)
+
+    def backward_fake(grad_out, input, weight, bias, act, act_param, output_mask):
+        check_linear(input, weight, bias, f"{op}_backward")
+        check_act(act)
+        # matmul / mm / sum results: fresh contiguous tensors.
+        return (
+            input.new_empty(input.shape) if output_mask[0] else None,
+            weight.new_empty(weight.shape) if output_mask[1] else None,
+            bias.new_empty(bias.shape) if output_mask[2] and bias is not None else None,
+        )
+
+    def setup(ctx, inputs, output):
+        input, weight, bias, act, act_param = inputs
+        ctx.save_for_backward(input, weight, bias)
+        ctx.config = (act, act_param)
+
+    backward_op = getattr(torch.ops.fxfuse, f"{op}_backward")
+
+    def bwd(ctx, grad_out):
+        input, weight, bias = ctx.saved_tensors
+        act, act_param = ctx.config
+        mask = needed(ctx, (0, 1, 2))
+        if differentiating(grad_out, input, weight, bias):
+            composition = functools.partial(compose, act=act, act_param=act_param)
+            grads = composed_gradients(composition, (input, weight, bias), mask, grad_out)
+        else:
+            grads = backward_op(grad_out, input, weight, bias, act, act_param, mask)
+        return gradients_at((0, 1, 2), grads, 5)
+
+    torch.library.register_fake(f"fxfuse::{op}", fake)
+    torch.library.register_fake(f"fxfuse::{op}_backward", backward_fake)
+    torch.library.register_autograd(f"fxfuse::{op}", bwd, setup_context=setup)
