@@ -20,7 +20,7 @@ from torch import Tensor
 
 from . import compiled
 from .checks import apply_activation, check_act, kernels_apply, stats_like
-from .higher_order import composed_gradients, differentiating
+from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["batch_norm_act", "update_running_stats"]
 
@@ -147,20 +147,20 @@ def _bn_act_setup(ctx, inputs, output):
 def _bn_act_bwd(ctx, grad_out):
     input, mean, var, weight, bias = ctx.saved_tensors
     eps, act, act_param = ctx.config
-    need = ctx.needs_input_grad
+    mask = needed(ctx, (0, 3, 4))  # input, weight, bias
     if differentiating(grad_out, input, weight, bias):
-        grad_input, grad_weight, grad_bias = composed_gradients(
+        grads = composed_gradients(
             lambda x, w, b: normalize_act(x, mean, var, w, b, False, eps, act, act_param),
             (input, weight, bias),
-            (need[0], need[3], need[4]),
+            mask,
             grad_out,
         )
-        return grad_input, None, None, grad_weight, grad_bias, None, None, None
-    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.bn_act_backward(
-        grad_out, input, mean, var, weight, bias, eps, act, act_param, False, [need[0], need[3], need[4]]
-    )
+    else:
+        grads = torch.ops.fxfuse.bn_act_backward(
+            grad_out, input, mean, var, weight, bias, eps, act, act_param, False, mask
+        )
     # Statistics are treated as constants here; batch_norm_act differentiates through them.
-    return grad_input, None, None, grad_weight, grad_bias, None, None, None
+    return gradients_at((0, 3, 4), grads, 8)
 
 
 def _batch_norm_act_setup(ctx, inputs, output):
@@ -175,19 +175,19 @@ def _batch_norm_act_setup(ctx, inputs, output):
 def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
     input, mean, var, weight, bias = ctx.saved_tensors
     batch_stats, eps, act, act_param = ctx.config
-    need = ctx.needs_input_grad
+    mask = needed(ctx, (0, 1, 2))
     if differentiating(grad_out, input, weight, bias):
-        grad_input, grad_weight, grad_bias = composed_gradients(
+        grads = composed_gradients(
             lambda x, w, b: normalize_act(x, mean, var, w, b, batch_stats, eps, act, act_param),
             (input, weight, bias),
-            need[:3],
+            mask,
             grad_out,
         )
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
-    grad_input, grad_weight, grad_bias = torch.ops.fxfuse.bn_act_backward(
-        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, [need[0], need[1], need[2]]
-    )
-    return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+    else:
+        grads = torch.ops.fxfuse.bn_act_backward(
+            grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask
+        )
+    return gradients_at((0, 1, 2), grads, 9)
 
 
 def register() -> None:
