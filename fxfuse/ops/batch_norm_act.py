@@ -141,26 +141,7 @@ def _batch_norm_act_fake(input, weight, bias, running_mean, running_var, batch_s
 def _bn_act_setup(ctx, inputs, output):
     input, mean, var, weight, bias, eps, act, act_param = inputs
     ctx.save_for_backward(input, mean, var, weight, bias)
-    ctx.config = (eps, act, act_param)
-
-
-def _bn_act_bwd(ctx, grad_out):
-    input, mean, var, weight, bias = ctx.saved_tensors
-    eps, act, act_param = ctx.config
-    mask = needed(ctx, (0, 3, 4))  # input, weight, bias
-    if differentiating(grad_out, input, weight, bias):
-        grads = composed_gradients(
-            lambda x, w, b: normalize_act(x, mean, var, w, b, False, eps, act, act_param),
-            (input, weight, bias),
-            mask,
-            grad_out,
-        )
-    else:
-        grads = torch.ops.fxfuse.bn_act_backward(
-            grad_out, input, mean, var, weight, bias, eps, act, act_param, False, mask
-        )
-    # Statistics are treated as constants here; batch_norm_act differentiates through them.
-    return gradients_at((0, 3, 4), grads, 8)
+    ctx.config = (False, eps, act, act_param)  # normalized by the given statistics
 
 
 def _batch_norm_act_setup(ctx, inputs, output):
@@ -172,10 +153,12 @@ def _batch_norm_act_setup(ctx, inputs, output):
     ctx.config = (batch_stats, eps, act, act_param)
 
 
-def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
+def _gradients(ctx, grad_out, positions: tuple, count: int):
+    """Gradients of input, weight and bias (at `positions` of the op's `count` arguments) of what
+    either setup above saved."""
     input, mean, var, weight, bias = ctx.saved_tensors
     batch_stats, eps, act, act_param = ctx.config
-    mask = needed(ctx, (0, 1, 2))
+    mask = needed(ctx, positions)
     if differentiating(grad_out, input, weight, bias):
         grads = composed_gradients(
             lambda x, w, b: normalize_act(x, mean, var, w, b, batch_stats, eps, act, act_param),
@@ -187,7 +170,16 @@ def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var
         grads = torch.ops.fxfuse.bn_act_backward(
             grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask
         )
-    return gradients_at((0, 1, 2), grads, 9)
+    return gradients_at(positions, grads, count)
+
+
+def _bn_act_bwd(ctx, grad_out):
+    # Statistics are treated as constants here; batch_norm_act differentiates through them.
+    return _gradients(ctx, grad_out, (0, 3, 4), 8)
+
+
+def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
+    return _gradients(ctx, grad_out, (0, 1, 2), 9)
 
 
 def register() -> None:
