@@ -82,22 +82,9 @@ def conv_bn_act(
             training, momentum, eps, act, act_param,
         )  # fmt: skip
     out, mean, _, unbiased_var = torch.ops.fxfuse.conv_bn_act(
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        dilation,
-        groups,
-        bn_weight,
-        bn_bias,
-        running_mean,
-        running_var,
-        training,
-        eps,
-        act,
-        float(act_param),
-    )
+        input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, running_mean, running_var,
+        training, eps, act, float(act_param),
+    )  # fmt: skip
     if training and running_mean is not None and running_var is not None:
         update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)
     return out
