@@ -1,0 +1,38 @@
+"""One name per op in every layer (docs/design.md, "One name per op"): fxfuse::<op> has its wrapper
+`fxfuse.ops.<op>` in fxfuse/ops/<op>.py, its device-generic implementation in
+csrc/generic/<op>.cpp and its tests in tests/test_ops_<op>.py."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import fxfuse.ops
+from fxfuse import _extension
+
+ROOT = Path(__file__).resolve().parents[1]
+# The BN(+activation) building blocks of batch_norm_act, conv_bn_act and bn_act_conv: no wrapper of
+# their own (ops/batch_norm_act.py registers them, generic/bn_act.cpp implements them).
+INTERNAL = {"bn_stats", "bn_act", "bn_act_", "bn_act_backward", "bn_act_backward_", "bn_act_backward_into_grad_"}
+# What the op modules share (fxfuse/ops/__init__.py says what each holds).
+SHARED = {"__init__", "activations", "checks", "compiled", "flops", "higher_order", "linear_common", "routing"}
+
+
+@pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
+def test_ops_lists_every_public_op():
+    names = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("fxfuse::")}
+    assert sorted(fxfuse.ops.OPS) == sorted(n for n in names - INTERNAL if not n.endswith("_backward"))
+
+
+def test_every_module_of_ops_is_an_op_or_shared():
+    modules = {path.stem for path in (ROOT / "fxfuse" / "ops").glob("*.py")}
+    assert modules - SHARED == set(fxfuse.ops.OPS)
+
+
+@pytest.mark.parametrize("op", fxfuse.ops.OPS)
+def test_one_name_in_every_layer(op):
+    function = getattr(fxfuse.ops, op)
+    assert (function.__name__, function.__module__) == (op, f"fxfuse.ops.{op}")
+    assert (ROOT / "tests" / f"test_ops_{op}.py").is_file()
+    generic = ROOT / "fxfuse" / "csrc" / "generic" / ("bn_act.cpp" if op == "batch_norm_act" else f"{op}.cpp")
+    assert f'm.impl("{op}", ' in generic.read_text()
