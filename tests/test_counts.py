@@ -43,14 +43,32 @@ def test_counts_match_the_optimized_model_and_do_not_trace():
     assert [r.name for r in profile.regions] == ["0…0", "1.0", "1.1", "2…2"]
 
 
-def test_a_model_not_captured_as_one_graph_has_no_profile():
-    class Branches(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.block = Block()
+class GradBranching(nn.Module):
+    """Not traceable (a branch on `requires_grad`), but runs on the meta device."""
 
-        def forward(self, x):
-            return self.block(x) if x.sum() > 0 else self.block(-x)
+    def __init__(self, stages=True):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.stages = nn.ModuleList([nn.Sequential(Block(), Block()), nn.Sequential(Block())] if stages else [])
 
-    model, inputs = Branches(), (torch.randn(2, 4, 6, 6),)
+    def forward(self, x):
+        x = self.conv(x)
+        if x.requires_grad:
+            x = x * 1.0
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+
+def test_the_regions_of_every_captured_root_join_one_profile_named_in_the_model():
+    model, inputs = GradBranching(), (torch.randn(2, 4, 6, 6),)
+    profile = Counts(model, inputs, Captures()).profile(frozenset())
+    assert [r.name for r in profile.regions] == ["stages.0.0", "stages.0.1"]
+    assert [(link.first, link.second) for link in profile.links] == [("stages.0.0", "stages.0.1")]
+    assert set(profile.problems) == {"stages.1.0"}  # the whole graph of its root
+    assert all(m.startswith("stages.0.") for r in profile.regions for m in r.modules)
+
+
+def test_a_model_without_a_captured_root_has_no_profile():
+    model, inputs = GradBranching(stages=False), (torch.randn(2, 4, 6, 6),)
     assert Counts(model, inputs, Captures()).profile(frozenset()) is None

@@ -7,7 +7,7 @@ import torchvision
 from torch import nn
 
 from fxfuse import measure
-from fxfuse.fusion import region_costs
+from fxfuse.fusion.regions import costs as region_costs
 
 optimize_module = importlib.import_module("fxfuse.fusion.optimize")
 install_module = importlib.import_module("fxfuse.fusion.install")

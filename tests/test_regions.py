@@ -1,4 +1,5 @@
-"""passes/regions.py and recompute.py: regions found in a fused graph, recomputed exactly, state updated once."""
+"""fusion/regions/graph.py and regions/recompute.py: regions found in a fused graph, recomputed exactly,
+state updated once."""
 
 import copy
 import importlib
@@ -9,9 +10,10 @@ import torchvision
 from torch import nn
 
 from fxfuse import measure
-from fxfuse.fusion import recompute, tracing
-from fxfuse.fusion.passes import regions
+from fxfuse.fusion import tracing
 from fxfuse.fusion.plan import Options, Plan
+from fxfuse.fusion.regions import graph as regions
+from fxfuse.fusion.regions import recompute
 from fxfuse.testing import assert_equivalent
 
 optimize_module = importlib.import_module("fxfuse.fusion.optimize")

@@ -13,9 +13,10 @@ from torch import nn
 
 from . import user_checkpoint
 from .capture import Capture, copy_of
-from .passes import PassContext, regions, run_passes
+from .passes import PassContext, run_passes
 from .passes.driver import SITE_META
 from .plan import Options
+from .regions import graph as regions
 from .report import FusionReport
 
 

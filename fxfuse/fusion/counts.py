@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from .. import measure
-from . import install, region_costs
+from . import install
 from .capture import Captures
 from .plan import Options, Plan
-from .region_costs import Profile
+from .regions import costs as region_costs
+from .regions.costs import Profile
 from .report import FusionReport
 
 

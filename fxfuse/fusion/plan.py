@@ -18,7 +18,7 @@ MODES = ("memory", "fast", "auto")
 @dataclass(frozen=True)
 class Plan:
     sites: Optional[frozenset] = None  # names of the sites the passes may rewrite (None: every site)
-    regions: tuple = ()  # groups of region names (fusion/passes/regions.py) to recompute, in graph order
+    regions: tuple = ()  # groups of region names (fusion/regions/graph.py) to recompute, in graph order
     flat_links: frozenset = frozenset()  # (first, second) links of those groups run as one region
 
     def scoped(self, path: str) -> Plan:

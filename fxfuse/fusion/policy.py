@@ -9,7 +9,7 @@ what it saves beyond that pointwise site.
 
 Below what per-site fusion reaches, whole *regions* (a residual block, or a run of
 nodes between blocks) keep only their inputs and run their forward again in backward,
-and *links* chain consecutive regions (fusion/ranking.py). Upgrades, regions and links
+and *links* chain consecutive regions (fusion/regions/ranking.py). Upgrades, regions and links
 are ranked together by recompute FLOPs per byte freed, cheapest first, and every
 selection is a prefix of that one ranking, so a tighter budget never saves less:
 
@@ -24,7 +24,7 @@ selection is a prefix of that one ranking, so a tighter budget never saves less:
   bisection, which assumes the peak does not rise along the ranking; the count checks
   the prefix it ends on. Then the slack between that peak and p buys time: each chosen
   link (largest first region first) runs *flat*, both regions in one recompute, when the
-  counted peak stays within p (passes/regions.py). Flat or not, a link frees the same
+  counted peak stays within p (regions/graph.py). Flat or not, a link frees the same
   bytes, so the saved activations do not change; without a peak budget no link is flat.
 * mode="auto": the upgrades that cost at most AUTO_MAX_FLOPS_PER_BYTE, e.g. depthwise
   convs and 1×1 convs with few input channels (no regions).
@@ -47,11 +47,11 @@ import torch
 from torch import nn
 
 from ..errors import ConfigurationError
-from . import ranking
 from .counts import Counts
 from .plan import Plan
-from .ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select, site_in_region
-from .region_costs import Profile
+from .regions import ranking
+from .regions.costs import Profile
+from .regions.ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select, site_in_region
 from .report import FusedSite, FusionReport, RegionChoice, SkippedSite, format_bytes, format_flops
 from .tracing import first_line
 

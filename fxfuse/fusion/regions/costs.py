@@ -20,8 +20,8 @@ import torch.fx as fx
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..measure.memory import storage_key, tensors
-from .passes import regions as region_graph
+from ...measure.memory import storage_key, tensors
+from . import graph as region_graph
 
 
 @dataclass
