@@ -19,7 +19,7 @@ import torch
 import torchvision
 
 import fxfuse
-from fxfuse.fusion.optimize import _STATE, _global_hooks, _key
+from fxfuse.fusion.install import _STATE, _global_hooks, _key
 
 
 def _median_seconds(fn, calls: int, rounds: int) -> float:

@@ -357,6 +357,6 @@ def test_gradient_penalty_through_recompute_regions(one_thread):
 
 
 def _graphs(model):
-    from fxfuse.fusion.optimize import _STATE
+    from fxfuse.fusion.install import _STATE
 
     return list(model.__dict__[_STATE].fx_graphs.values())

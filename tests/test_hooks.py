@@ -17,9 +17,11 @@ from torch.nn.utils import parametrizations, prune
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fxfuse
+from fxfuse.fusion.plan import Options, Plan
 from fxfuse.testing import assert_equivalent
 
 optimize_module = importlib.import_module("fxfuse.fusion.optimize")
+install_module = importlib.import_module("fxfuse.fusion.install")
 
 TOL = 1e-9
 
@@ -290,7 +292,7 @@ class _no_context:
 
 @pytest.fixture(autouse=True)
 def _warn_every_time(monkeypatch):
-    monkeypatch.setattr(optimize_module, "_warned_global_hooks", False)
+    monkeypatch.setattr(install_module, "_warned_global_hooks", False)
 
 
 def _pruned(net):
@@ -365,7 +367,7 @@ def test_a_hooked_module_is_not_recomputed_in_a_region(when):
     eager.blocks[0].conv.register_forward_hook(hook("eager"))
     if when == "before":
         fused.blocks[0].conv.register_forward_hook(hook("fused"))
-    options = optimize_module.Options("fast", regions=(("blocks.0",), ("blocks.1",)))
+    options = Options("fast", Plan(regions=(("blocks.0",), ("blocks.1",))))
     report = optimize_module._run(fused, None, options, install=True)
     if when == "before":
         assert any("region blocks.0 not recomputed" in n and "hook" in n for n in report.notes), report.notes

@@ -14,7 +14,7 @@ from fxfuse.measure import saved_activation_bytes
 from fxfuse.testing import assert_equivalent
 
 F64 = torch.float64
-optimize_module = importlib.import_module("fxfuse.fusion.optimize")  # the module, not fxfuse.optimize
+install_module = importlib.import_module("fxfuse.fusion.install")
 
 
 class Chain(nn.Module):
@@ -51,8 +51,8 @@ def _ops(model):
 
 
 def _calls(model, target):
-    state = model.__dict__[optimize_module._STATE]
-    graph = state.fx_graphs[optimize_module._key(state)]
+    state = model.__dict__[install_module._STATE]
+    graph = state.fx_graphs[install_module._key(state)]
     return [n for n in graph.nodes if n.op == "call_function" and n.target is target]
 
 

@@ -1,9 +1,9 @@
-"""fusion/ranking.py: one ranking of upgrades, regions and links; what a prefix selects."""
+"""fusion/regions/ranking.py: one ranking of upgrades, regions and links; what a prefix selects."""
 
 import pytest
 
-from fxfuse.fusion import ranking
-from fxfuse.fusion.region_costs import LinkCost, Profile, RegionCost
+from fxfuse.fusion.regions import ranking
+from fxfuse.fusion.regions.costs import LinkCost, Profile, RegionCost
 from fxfuse.fusion.report import FusedSite
 
 

@@ -7,16 +7,17 @@ import torchvision
 from torch import nn
 
 from fxfuse import measure
-from fxfuse.fusion import region_costs
+from fxfuse.fusion.regions import costs as region_costs
 
 optimize_module = importlib.import_module("fxfuse.fusion.optimize")
+install_module = importlib.import_module("fxfuse.fusion.install")
 
 
 def _profile(model: nn.Module, x: torch.Tensor) -> region_costs.Profile:
     trial = measure.meta_copy(model)
     optimize_module._run(trial, None, optimize_module.Options("fast"), install=True)
     state = trial.__dict__["_fxfuse_state"]
-    return region_costs.profile(trial, state.fx_graphs[optimize_module._key(state)], measure.to_meta((x,)))
+    return region_costs.profile(trial, state.fx_graphs[install_module._key(state)], measure.to_meta((x,)))
 
 
 def test_a_blocks_flops_are_its_convolutions():

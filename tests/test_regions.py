@@ -1,4 +1,5 @@
-"""passes/regions.py and recompute.py: regions found in a fused graph, recomputed exactly, state updated once."""
+"""fusion/regions/graph.py and regions/recompute.py: regions found in a fused graph, recomputed exactly,
+state updated once."""
 
 import copy
 import importlib
@@ -9,11 +10,14 @@ import torchvision
 from torch import nn
 
 from fxfuse import measure
-from fxfuse.fusion import recompute, tracing
-from fxfuse.fusion.passes import regions
+from fxfuse.fusion import tracing
+from fxfuse.fusion.plan import Options, Plan
+from fxfuse.fusion.regions import graph as regions
+from fxfuse.fusion.regions import recompute
 from fxfuse.testing import assert_equivalent
 
 optimize_module = importlib.import_module("fxfuse.fusion.optimize")
+install_module = importlib.import_module("fxfuse.fusion.install")
 
 RESNET18_REGIONS = ["conv1…maxpool"] + [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)] + ["avgpool…fc"]
 
@@ -25,7 +29,7 @@ def _resnet18():
 
 def _recomputing(model: nn.Module, groups, flat_links=frozenset()) -> nn.Module:
     """`model` fused with pointwise sites only, recomputing the region `groups` (`flat_links` run flat)."""
-    options = optimize_module.Options("fast", regions=tuple(groups), flat_links=frozenset(flat_links))
+    options = Options("fast", Plan(regions=tuple(groups), flat_links=frozenset(flat_links)))
     optimize_module._run(model, None, options, install=True)
     return model
 
@@ -182,12 +186,12 @@ def test_the_recompute_swaps_buffers_back():
 
 def _graph(model):
     state = model.__dict__["_fxfuse_state"]
-    return state.fx_graphs[optimize_module._key(state)]
+    return state.fx_graphs[install_module._key(state)]
 
 
 @pytest.mark.parametrize("group", [("layer1.0", "layer2.0"), ("nonexistent",)])
 def test_groups_that_are_no_chain_are_noted_and_left_alone(group):
     model = _resnet18()
-    report = optimize_module._run(model, None, optimize_module.Options("fast", regions=(group,)), install=True)
+    report = optimize_module._run(model, None, Options("fast", Plan(regions=(group,))), install=True)
     assert any("not" in note and group[-1] in note for note in report.notes)
     assert_equivalent(_resnet18(), model, torch.randn(2, 3, 64, 64, dtype=torch.float64), dtype=torch.float64)

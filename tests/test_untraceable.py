@@ -181,3 +181,41 @@ def _saved(model):
     torch.save(model, buffer)
     buffer.seek(0)
     return buffer
+
+
+class Residual(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.body = nn.Sequential(_conv_bn_relu(c, c), nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return torch.relu(x + self.body(x))
+
+
+class GradBranchingRoot(nn.Module):
+    """Its own forward is not traceable, with or without shapes (a branch on `requires_grad`), but runs on
+    the meta device; its stages are captured one by one."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = _conv_bn_relu(3, 4)
+        self.s1 = nn.Sequential(Residual(4), Residual(4))
+        self.s2 = nn.Sequential(Residual(4), Residual(4))
+
+    def forward(self, x):
+        y = self.s1(self.stem(x))
+        if y.requires_grad:
+            y = y * 1.0
+        return self.s2(y)
+
+
+def test_a_budget_ranks_the_regions_of_every_captured_root_together():
+    x = _x()
+    model = fxfuse.optimize(_model(GradBranchingRoot), x, memory_budget=0.3)
+    report = model.fxfuse_report
+    assert "forward is not traceable" in _notes(model) and "not traced as one graph" not in _notes(model)
+    assert is_optimized(model.s1) and is_optimized(model.s2) and not is_optimized(model)
+    chosen = {r.name for r in report.regions}
+    assert chosen and all(name.split(".")[0] in ("stem", "s1", "s2") for name in chosen), chosen
+    assert report.budget_met, report
+    assert_equivalent(_model(GradBranchingRoot), model, x, dtype=torch.float64)

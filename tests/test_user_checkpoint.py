@@ -15,7 +15,7 @@ from fxfuse import measure
 from fxfuse.fusion import user_checkpoint
 from fxfuse.testing import assert_equivalent
 
-optimize_module = importlib.import_module("fxfuse.fusion.optimize")
+install_module = importlib.import_module("fxfuse.fusion.install")
 
 
 class Block(nn.Module):
@@ -51,8 +51,8 @@ def _x(n=2, c=3, size=8):
 
 
 def _checkpoint_calls(model: nn.Module) -> list:
-    state = model.__dict__[optimize_module._STATE]
-    graph = state.fx_graphs[optimize_module._key(state)]
+    state = model.__dict__[install_module._STATE]
+    graph = state.fx_graphs[install_module._key(state)]
     return [n.target for n in graph.nodes if isinstance(n.target, user_checkpoint.CheckpointCall)]
 
 
@@ -217,7 +217,7 @@ def test_memory_budget_never_recomputes_around_a_users_checkpoint():
     x = _x()
     optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.3)
     assert len(_checkpoint_calls(optimized)) == 2
-    chosen = optimized.__dict__[optimize_module._STATE].options.regions
+    chosen = optimized.__dict__[install_module._STATE].options.plan.regions
     assert not [g for g in chosen if any(name.startswith("blocks") for name in g)], chosen
     assert_equivalent(model, optimized, x, dtype=torch.float64)
 

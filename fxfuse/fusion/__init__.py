@@ -1,13 +1,13 @@
 """The fusion pipeline behind `fxfuse.optimize`, in the order one call runs it:
 
-    tracing (+ state_guard)  trace the model with torch.fx, never changing it
-    shapes                   tensor metadata of the graph from example inputs (meta device)
-    passes/                  patterns: a matcher per pattern, one driver that rewrites and reports
-    policy                   which sites to fuse (mode="memory"/"auto", memory_budget)
-    runtime                  what rewritten graphs call: the user's modules read at call time
-    report                   FusionReport
-    optimize                 optimize / explain: trace → passes → install on the user's module
+    capture (tracing, state_guard)  trace each traceable root once per train/eval mode
+    passes/                         find sites: a matcher per pattern, one driver that rewrites and reports
+    policy (counts, regions/)       choose: which sites, recompute regions and links, as a Plan (plan.py)
+    apply                           the plan applied to a copy of each captured graph
+    install                         the class swap, the graph cache, the other train/eval mode
+    optimize                        optimize / explain: the steps above, in that order
 
+`runtime` and `regions/recompute` are what rewritten graphs call; `report` the FusionReport.
 Which module may import which: docs/design.md "Layers", checked by `make lint` (import-linter
 contracts in pyproject.toml). (`_rebuild` stays importable here: pickles of optimized models
 name it `fxfuse.fusion._rebuild`.)

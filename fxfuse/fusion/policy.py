@@ -9,7 +9,7 @@ what it saves beyond that pointwise site.
 
 Below what per-site fusion reaches, whole *regions* (a residual block, or a run of
 nodes between blocks) keep only their inputs and run their forward again in backward,
-and *links* chain consecutive regions (fusion/ranking.py). Upgrades, regions and links
+and *links* chain consecutive regions (fusion/regions/ranking.py). Upgrades, regions and links
 are ranked together by recompute FLOPs per byte freed, cheapest first, and every
 selection is a prefix of that one ranking, so a tighter budget never saves less:
 
@@ -24,7 +24,7 @@ selection is a prefix of that one ranking, so a tighter budget never saves less:
   bisection, which assumes the peak does not rise along the ranking; the count checks
   the prefix it ends on. Then the slack between that peak and p buys time: each chosen
   link (largest first region first) runs *flat*, both regions in one recompute, when the
-  counted peak stays within p (passes/regions.py). Flat or not, a link frees the same
+  counted peak stays within p (regions/graph.py). Flat or not, a link frees the same
   bytes, so the saved activations do not change; without a peak budget no link is flat.
 * mode="auto": the upgrades that cost at most AUTO_MAX_FLOPS_PER_BYTE, e.g. depthwise
   convs and 1×1 convs with few input channels (no regions).
@@ -47,9 +47,11 @@ import torch
 from torch import nn
 
 from ..errors import ConfigurationError
-from . import ranking
-from .ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select, site_in_region
-from .region_costs import Profile
+from .counts import Counts
+from .plan import Plan
+from .regions import ranking
+from .regions.costs import Profile
+from .regions.ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select, site_in_region
 from .report import FusedSite, FusionReport, RegionChoice, SkippedSite, format_bytes, format_flops
 from .tracing import first_line
 
@@ -99,6 +101,10 @@ class Decision:
     selected_peak_bytes: Optional[int] = None  # peak during a train step with this selection (meta device)
 
     @property
+    def plan(self) -> Plan:
+        return Plan(self.allowed, self.groups, self.flat_links)
+
+    @property
     def met(self) -> Optional[bool]:
         if self.budget is None or self.eager_bytes is None or self.selected_bytes is None:
             return None
@@ -111,15 +117,8 @@ class Decision:
         return self.selected_peak_bytes <= self.peak_budget * self.eager_peak_bytes
 
 
-@dataclass
-class Counts:
-    """The meta-device counts the budget policy checks its choices with (see fusion/optimize.py)."""
-
-    eager_bytes: Callable[[], int]
-    selection_bytes: Callable[[Selection], int]
-    eager_peak: Callable[[], int]
-    selection_peak: Callable[[Selection], int]
-    profile: Callable[[frozenset], Optional[Profile]]  # region costs, given the pointwise-only selection
+def plan_of(selection: Selection) -> Plan:
+    return Plan(selection.allowed, selection.groups, selection.flat_links)
 
 
 def _intrinsic_flops_per_byte(model: nn.Module, site: FusedSite) -> Optional[float]:
@@ -254,7 +253,7 @@ def choose_budget(
     def saved(k: int) -> Optional[int]:
         if k not in measured_bytes:
             try:
-                measured_bytes[k] = counts.selection_bytes(selections[k])
+                measured_bytes[k] = counts.plan_bytes(plan_of(selections[k]))
             except Exception as exc:  # noqa: BLE001
                 decision.notes.append(
                     f"could not count the selection's saved activations on the meta device "
@@ -293,7 +292,7 @@ def choose_budget(
                 measured_bytes.pop(k, None)  # counted again below, in the form that runs
     elif budget is not None:
         decision.eager_peak_bytes = _optional(counts.eager_peak)
-        decision.selected_peak_bytes = _optional(lambda: counts.selection_peak(selections[k]))
+        decision.selected_peak_bytes = _optional(lambda: counts.plan_peak(plan_of(selections[k])))
     chosen = selections[k]
     decision.selection = chosen
     decision.allowed, decision.fallback_names, decision.groups = chosen.allowed, chosen.fallback, chosen.groups
@@ -330,7 +329,7 @@ def _shortest_within_peak(
 
     def peak(k: int) -> int:
         if k not in peaks:
-            peaks[k] = counts.selection_peak(selections[k])
+            peaks[k] = counts.plan_peak(plan_of(selections[k]))
         return peaks[k]
 
     if peak(low) > target:
@@ -355,7 +354,7 @@ def _flatten_within_peak(selection: Selection, target: float, counts: Counts, de
     for link in sorted(selection.links, key=lambda e: -e.cost.flops):
         trial = dataclasses.replace(selection, flat_links=selection.flat_links | {(link.cost.first, link.cost.second)})
         try:
-            peak = counts.selection_peak(trial)
+            peak = counts.plan_peak(plan_of(trial))
         except Exception:  # noqa: BLE001 - a link stays nested when its flat form cannot be counted
             continue
         if peak <= target:

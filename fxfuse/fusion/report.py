@@ -71,7 +71,7 @@ class SkippedSite:
 
 @dataclass
 class RegionChoice:
-    """A recompute region (or a link chaining two) that a budget chose (fusion/ranking.py)."""
+    """A recompute region (or a link chaining two) that a budget chose (fusion/regions/ranking.py)."""
 
     name: str
     kind: str  # "region" or "link"

@@ -339,7 +339,14 @@ def trace(
     return second if len(second.leaf_failures) < len(first.leaf_failures) else first
 
 
+# How many times a model was traced (each run of the tracer over a root): one `optimize` call
+# traces each captured module once per train/eval mode (tests/test_capture.py).
+trace_count = 0
+
+
 def _trace(root: nn.Module, forward_class, example_inputs, concrete_paths: frozenset[str]) -> TraceResult:
+    global trace_count
+    trace_count += 1
     guard = StateGuard(root)
     tracer = FxFuseTracer(guard, example_inputs)
     tracer.concrete_paths = concrete_paths

@@ -2,7 +2,7 @@
 
 The counter sees a custom op as one opaque call, not the matmul or convolution inside it,
 so without these a model optimized by fxfuse would count fewer FLOPs than eager, and
-fxfuse's own region costs (fusion/region_costs.py, which count FLOPs with FlopCounterMode)
+fxfuse's own region costs (fusion/regions/costs.py, which count FLOPs with FlopCounterMode)
 would miss every layer that sits inside a fused op. Counted as torch counts aten.mm and
 aten.convolution and their backward (multiply-adds × 2, pointwise work not counted); a
 backward op counts the layer it recomputes as well as its gradients.

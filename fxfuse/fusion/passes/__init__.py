@@ -1,21 +1,17 @@
-"""fxfuse's graph passes, run in forward order over one traced graph.
+"""fxfuse's graph passes, run in the order of PASSES over one captured graph (a copy: fusion/apply.py).
 
-Each pass is a callable `(ctx: PassContext) -> int` (number of sites rewritten). The
-fusing passes are `driver.FusionPass`es: a matcher per pattern, one driver that
-records skipped sites with their reasons, applies the policy's selection, rewrites
-through `rewrite.replace_chain` and reports. `act_linear` runs before `linear_conv_act`, so
-that an MLP's activation is merged into the Linear after it (no matmul recomputed) rather
-than recomputed with the Linear before it (same bytes kept); `norm_linear` merges a
-LayerNorm into the Linear after it (in mode="memory" `conv_norm_linear` first takes a conv
-→ LayerNorm → Linear, recomputing the conv), `layer_scale` a per-feature scale (LayerScale) into the
-Linear before it. `bn_act_conv` merges a rewritten BN→activation
-site into the conv after it (crediting the BN site's report entry); `depthwise_conv` then gives the large-kernel
-depthwise convs left over fxfuse's conv backward (time, not memory); `inplace_add`
-rewrites through `replace_chain` too, but reports no sites (it saves an allocation,
-not memory).
+Each entry of PASSES is a `Pass`: a callable `(ctx: PassContext) -> int` (number of sites
+rewritten) and why it runs where it does. The fusing passes are `driver.FusionPass`es: a
+matcher per pattern, one driver that records skipped sites with their reasons, applies the
+plan's site selection, rewrites through `rewrite.replace_chain` and reports. `bn_act_conv`
+merges sites the others rewrote, crediting the BN site's report entry; `inplace_add` rewrites
+through `replace_chain` too, but reports no sites (it saves an allocation, not memory).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from . import (
     act_linear,
@@ -32,25 +28,35 @@ from . import (
 )
 from .context import PassContext
 
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass in PASSES: `run(ctx) -> sites rewritten` (a driver.FusionPass or a function of the
+    same signature) and why it runs where it does."""
+
+    run: Callable[[PassContext], int]
+    why: str
+
+
 PASSES = (
-    conv_bn_act.PASS,
-    batch_norm_act.PASS,
-    act_linear.PASS,
-    linear_conv_act.PASS,
-    conv_layer_norm_linear.PASS,
-    layer_norm_linear.PASS,
-    layer_scale.PASS,
-    gelu.PASS,
-    bn_act_conv.run,
-    depthwise_conv.PASS,
-    inplace_add.run,
+    Pass(conv_bn_act.PASS, "first (mode memory): takes Conv→BN→act whole, recomputing the conv, before batch_norm_act"),
+    Pass(batch_norm_act.PASS, "then BN→act (mode fast: Conv→BN→act too, conv output kept) where conv_bn_act did not"),
+    Pass(act_linear.PASS, "before linear_conv_act: an activation merges into the next Linear, no matmul recomputed"),
+    Pass(linear_conv_act.PASS, "then Linear/Conv→act (mode memory) whose output act_linear did not merge"),
+    Pass(conv_layer_norm_linear.PASS, "before layer_norm_linear (mode memory): conv→LayerNorm→Linear whole"),
+    Pass(layer_norm_linear.PASS, "after the Linear→act passes: a LayerNorm merges into the Linear after it"),
+    Pass(layer_scale.PASS, "once the Linear sites exist: a per-feature scale merges into the Linear before it"),
+    Pass(gelu.PASS, "a standalone GELU: what the passes above left"),
+    Pass(bn_act_conv.run, "after the fusing passes: merges a rewritten BN→act site into the conv after it"),
+    Pass(depthwise_conv.PASS, "last to fuse: large-kernel depthwise convs no site took get fxfuse's conv backward"),
+    Pass(inplace_add.run, "last: adds into fused outputs, which exist once every site is rewritten"),
 )
 
 
 def run_passes(ctx: PassContext) -> int:
-    total = sum(p(ctx) for p in PASSES)
+    total = sum(p.run(ctx) for p in PASSES)
     ctx.graph.lint()
     return total
 
 
-__all__ = ["PASSES", "PassContext", "run_passes"]
+__all__ = ["PASSES", "Pass", "PassContext", "run_passes"]

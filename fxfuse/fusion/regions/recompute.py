@@ -1,6 +1,6 @@
 """What a rewritten graph calls for a recompute region: run it keeping only its inputs.
 
-A region (passes/regions.py) is a run of graph nodes compiled into a function of its
+A region (regions/graph.py) is a run of graph nodes compiled into a function of its
 own, `fn(owner, *inputs)`. `RegionCall` runs it under non-reentrant
 `torch.utils.checkpoint`: forward keeps only the region's inputs, and backward runs
 the region's forward again (fxfuse's fused kernels included) to rebuild what its

@@ -20,8 +20,8 @@ import torch.fx as fx
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..measure.memory import storage_key, tensors
-from .passes import regions as region_graph
+from ...measure.memory import storage_key, tensors
+from . import graph as region_graph
 
 
 @dataclass
@@ -112,3 +112,22 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
         freed = _bytes(k for k in set(recorder.outputs.get(a.output, ())) if k not in exclude)
         links.append(LinkCost(first.name, second.name, first.flops, freed))
     return Profile(costs, links, problems)
+
+
+def _joined_name(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def joined(parts: list[tuple[str, Profile]]) -> Profile:
+    """The profiles of several roots (by their path in the model) as one: every name prefixed with its
+    root's path, so that a plan scoped to that root (plan.Plan.scoped) names its own regions."""
+    regions, links, problems = [], [], {}
+    for path, part in parts:
+        for r in part.regions:
+            modules = tuple(_joined_name(path, m) if m else path for m in r.modules)
+            regions.append(RegionCost(_joined_name(path, r.name), r.kind, modules, r.flops, r.freed_bytes))
+        for link in part.links:
+            first, second = _joined_name(path, link.first), _joined_name(path, link.second)
+            links.append(LinkCost(first, second, link.flops, link.freed_bytes))
+        problems.update({_joined_name(path, name): why for name, why in part.problems.items()})
+    return Profile(regions, links, problems)

@@ -32,10 +32,11 @@ from typing import Optional, Sequence
 import torch.fx as fx
 from torch import nn
 
-from .. import recompute, runtime, user_checkpoint
+from .. import runtime, user_checkpoint
 from ..graphs import compile_graph, subgraph
 from ..hooks import describe_hooks, has_hooks
-from .inplace_add import plain_batch_norm
+from ..passes.inplace_add import plain_batch_norm
+from . import recompute
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 

@@ -4,7 +4,7 @@ Three kinds of entries, all costed in recompute FLOPs per byte freed:
 
 * an *upgrade*: a site recomputes its conv/linear (mode="memory" form) instead of only
   pointwise work; worth the bytes it saves beyond the pointwise form;
-* a *region*: a block or run (passes/regions.py) keeps only its inputs and runs its
+* a *region*: a block or run (regions/graph.py) keeps only its inputs and runs its
   forward again in backward, its sites in pointwise form inside (a conv is recomputed
   once, by the region, never again by its site); worth what its nodes keep beyond that;
 * a *link*: two consecutive chosen regions become one chain, so the second no longer
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from .region_costs import LinkCost, Profile, RegionCost
-from .report import FusedSite
+from ..report import FusedSite
+from .costs import LinkCost, Profile, RegionCost
 
 
 @dataclass
@@ -133,7 +133,7 @@ class Selection:
     upgrades: list[Candidate] = field(default_factory=list)  # the upgrades in effect
     regions: list[RegionCandidate] = field(default_factory=list)
     links: list[RegionCandidate] = field(default_factory=list)
-    flat_links: frozenset = frozenset()  # (first, second) of links run flat (passes/regions.py); see policy
+    flat_links: frozenset = frozenset()  # (first, second) of links run flat (regions/graph.py); see policy
 
 
 def _groups(regions: list[RegionCandidate], links: list[RegionCandidate], order: list[str]) -> tuple:

@@ -1,0 +1,92 @@
+"""Capture: trace a module once, with what the report says about the trace and the tensor
+metadata of its graph. Later steps rewrite copies of the captured graph, so one `optimize`
+call traces each module once per train/eval mode (`tracing.trace_count` counts the traces)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from . import shapes, tracing
+from .tracing import TraceResult
+
+
+@dataclass
+class Capture:
+    traced: TraceResult
+    shapes: dict[fx.Node, Any] = field(default_factory=dict)  # tensor metadata from the example inputs
+    notes: list[str] = field(default_factory=list)  # what the report says about the trace
+
+
+def is_library_module(m: nn.Module) -> bool:
+    return type(m).__module__.startswith(("torch.nn", "torch.ao.nn")) and not isinstance(
+        m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    )
+
+
+def capture(root: nn.Module, example_inputs: Optional[Sequence[Any]]) -> Capture:
+    """Trace `root` (its original class's forward if it is optimized); raises what tracing raises."""
+    traced = tracing.trace(
+        root, forward_class=getattr(type(root), "_fxfuse_original_class", None), example_inputs=example_inputs
+    )
+    modules = dict(root.named_modules())
+    notes = []
+    for path, reason in traced.leaf_failures.items():
+        notes.append(f"{path or type(root).__name__}: not traceable ({reason}); kept as a leaf")
+    if traced.specialized:
+        shapes_seen = ", ".join(str(tuple(t.shape)) for t in example_inputs if isinstance(t, torch.Tensor))
+        notes.append(
+            f"{type(root).__name__}: its forward computes Python values from tensor shapes, so it was traced "
+            f"for inputs of shape {shapes_seen}; an input of another shape traces it again"
+        )
+    for path, hooks in traced.hooked.items():
+        own = "" if is_library_module(modules[path]) else "; its own forward is optimized on its own"
+        notes.append(f"{path}: has {hooks}; kept as a module call so that its hooks fire as in eager{own}")
+    shape_map = {}
+    if example_inputs is not None:
+        try:
+            shape_map = shapes.propagate(root, traced.graph, example_inputs)
+        except Exception as exc:  # noqa: BLE001 - estimates are optional
+            notes.append(f"could not propagate shapes from the example inputs: {type(exc).__name__}: {exc}")
+    return Capture(traced, shape_map, notes)
+
+
+def copy_of(captured: Capture) -> Capture:
+    """A copy to rewrite: a new graph (node meta copied), its shapes keyed on the new nodes."""
+    old = captured.traced.graph
+    graph = fx.Graph(tracer_cls=old._tracer_cls)
+    nodes: dict[fx.Node, fx.Node] = {}
+    value, old_output = graph.graph_copy(old, nodes, return_output_node=True)
+    graph.set_codegen(copy.deepcopy(old._codegen))
+    nodes[old_output] = graph.output(value, type_expr=getattr(old_output, "type", None))
+    nodes[old_output].meta = copy.copy(old_output.meta)
+    shape_map = {nodes[n]: meta for n, meta in captured.shapes.items() if n in nodes}
+    return Capture(dataclasses.replace(captured.traced, graph=graph), shape_map, list(captured.notes))
+
+
+class Captures:
+    """The captures of one `optimize` call, by module path and training flags: every walk over the
+    model (finding sites, the policy's meta-device trials, the final install) rewrites the same
+    captured graphs. A module that cannot be traced is remembered as the exception it raised."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple, Any] = {}
+
+    def get(self, root: nn.Module, path: str, example_inputs: Optional[Sequence[Any]]) -> Capture:
+        key = (path, tuple(m.training for m in root.modules()))
+        if key not in self._by_key:
+            try:
+                self._by_key[key] = capture(root, example_inputs)
+            except Exception as exc:
+                self._by_key[key] = exc
+                raise
+        found = self._by_key[key]
+        if isinstance(found, Exception):
+            raise found
+        return found

@@ -1,0 +1,100 @@
+"""What the budget policy checks its choices with: meta-device counts of a plan applied to the
+captured graphs.
+
+Each count runs one forward (and for the peak, a backward) of a meta-device copy of the model
+whose traceable roots run the captured graphs rewritten with the plan (install.walk with the
+call's `Captures`): shapes, no compute, nothing of the user's touched, and no tracing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from .. import measure
+from . import install
+from .capture import Captures
+from .plan import Options, Plan
+from .regions import costs as region_costs
+from .regions.costs import Profile
+from .report import FusionReport
+
+
+class Counts:
+    def __init__(self, model: nn.Module, inputs: tuple, captures: Captures) -> None:
+        self.model, self.inputs, self.captures = model, inputs, captures
+
+    def eager_bytes(self) -> int:
+        return measure.saved_activation_bytes_meta(self.model, self.inputs)
+
+    def plan_bytes(self, plan: Plan) -> int:
+        return measure.saved_activation_bytes_meta(self.model, self.inputs, prepare=self._prepare(plan))
+
+    def eager_peak(self) -> int:
+        return measure.step_peak_bytes_meta(self.model, self.inputs)
+
+    def plan_peak(self, plan: Plan) -> int:
+        return measure.step_peak_bytes_meta(self.model, self.inputs, prepare=self._prepare(plan))
+
+    def profile(self, sites: frozenset) -> Optional[Profile]:
+        """Region costs of the model fused with `sites` (the pointwise ones: what a region runs inside);
+        None where no part of the model is captured as one graph.
+
+        Where the model's own forward is not captured, the regions of every captured root inside it
+        (the topmost optimized submodules) are costed on the inputs each received in one meta-device
+        forward of the whole model, and named by their path in the model: all of them join one ranking,
+        so the budget applies to the model as a whole."""
+        trial = measure.meta_copy(self.model)
+        self._prepare(Plan(sites))(trial)
+        inputs = measure.to_meta(self.inputs)
+        graph = install.fx_graph(trial)
+        if graph is not None:
+            return region_costs.profile(trial, graph, inputs)
+        roots = _topmost_roots(trial)
+        if not roots:
+            return None
+        seen = _inputs_of(trial, inputs, roots)
+        parts = []
+        for path, root in roots.items():
+            if path in seen:
+                parts.append((path, region_costs.profile(root, install.fx_graph(root), seen[path])))
+        return region_costs.joined(parts)
+
+    def _prepare(self, plan: Plan) -> Callable[[nn.Module], Any]:
+        """Optimize a meta-device trial copy with `plan` (its inputs as meta tensors)."""
+        walk = install.Walk(FusionReport("memory"), install=True, captures=self.captures, both_modes=False)
+        return lambda trial: install.walk(trial, measure.to_meta(self.inputs), Options("memory", plan), walk)
+
+
+def _topmost_roots(model: nn.Module) -> dict[str, nn.Module]:
+    """The optimized submodules of `model` with a graph, outside one another, in module order."""
+    roots: dict[str, nn.Module] = {}
+    for path, module in model.named_modules():
+        if install.fx_graph(module) is not None and not any(path.startswith(f"{p}.") for p in roots):
+            roots[path] = module
+    return roots
+
+
+def _inputs_of(model: nn.Module, inputs: tuple, roots: dict[str, nn.Module]) -> dict[str, tuple]:
+    """The positional inputs each root receives first in one forward of `model` (roots called with
+    keyword arguments are left out)."""
+    seen: dict[str, tuple] = {}
+
+    def record(path):
+        def hook(module, args, kwargs):
+            if path not in seen and not kwargs:
+                seen[path] = tuple(
+                    a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args
+                )
+
+        return hook
+
+    handles = [root.register_forward_pre_hook(record(path), with_kwargs=True) for path, root in roots.items()]
+    try:
+        model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen

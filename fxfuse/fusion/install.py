@@ -1,0 +1,414 @@
+"""Install: make the user's module run its rewritten graphs, and keep them current.
+
+The optimized model is the user's own module object: its class is swapped for a
+generated subclass whose `forward` runs the rewritten graph, and the graph looks
+up every parameter, buffer and submodule on the live module at call time. So
+state_dict keys, parameter order, optimizers, custom methods and train()/eval()
+overrides are untouched.
+
+FX bakes `self.training` reads into the graph, so the optimized forward keys its
+compiled graphs on the `training` flags of the modules it traced through and
+traces again when they change (e.g. after `.eval()`).
+
+Module hooks: a submodule with hooks is a leaf of the trace and no fused site takes
+it, so `Module.__call__` runs its hooks with eager's tensors; the graphs are also
+keyed on which submodules have hooks, so hooks registered or removed after `optimize`
+take effect at the next call. While global module hooks
+(`torch.nn.modules.module.register_module_forward_hook` and the like) are registered,
+the forward runs as written, unfused: they fire for every module call. So does the
+forward of a module with a non-full (`register_backward_hook`) backward hook, which
+sees the gradients of its forward's last op.
+
+Where a module's own forward cannot be traced (with some training flags or hooks),
+it runs as written and its submodules are optimized instead, at optimize time and
+at call time alike: no torch.fx error reaches the user.
+
+Every graph is built the same way: capture (capture.py; within one `optimize` call each
+module's capture is reused from `Captures`), then apply the options' plan (apply.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _nn_module
+from torch.utils.module_tracker import ModuleTracker
+
+from .. import measure
+from ..ops.higher_order import transformed
+from . import graphs, layout, tracing
+from .apply import apply
+from .capture import Captures, capture, is_library_module
+from .plan import Options
+from .report import FusionReport, SkippedSite
+
+_STATE = "_fxfuse_state"
+
+
+@dataclass
+class _State:
+    """What an optimized module carries (in its __dict__, outside the module tree)."""
+
+    options: Options
+    key_modules: list[nn.Module]
+    key_flags: list[tuple[nn.Module, str]] = field(default_factory=list)  # checkpointing switches of traced modules
+    watched: list[nn.Module] = field(default_factory=list)  # every submodule: which of them have hooks is in the key
+    graphs: dict[tuple, Callable] = field(default_factory=dict)
+    reports: dict[tuple, FusionReport] = field(default_factory=dict)
+    fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
+    last_leaf_failures: dict[str, str] = field(default_factory=dict)
+    last_hooked: dict[str, str] = field(default_factory=dict)  # hooked leaves of the last trace
+    last_key: tuple = ()
+    # Shape-dependent Python was traced with the example inputs' shapes (tracing.py): graphs are then
+    # keyed on the inputs' shapes too, and `example` (meta tensors) rebuilds them after pickling.
+    specialized: bool = False
+    example: Optional[tuple] = None
+
+
+@dataclass
+class Walk:
+    """One walk over a model's tree of traceable roots: where the report goes, whether the roots are
+    installed, the captures it reuses, and whether each root also gets its other train/eval mode's
+    graph (not for the policy's meta-device trials, which run one forward)."""
+
+    report: FusionReport
+    install: bool
+    captures: Optional[Captures] = None
+    both_modes: bool = True
+
+
+# The switches timm (`set_grad_checkpointing`) and HF transformers (`gradient_checkpointing_enable`) read in
+# forward to call torch.utils.checkpoint: like `training`, tracing bakes them into the graph.
+_CHECKPOINT_FLAGS = ("grad_checkpointing", "gradient_checkpointing")
+
+
+def _key(state: _State, args: Sequence[Any] = (), kwargs: Optional[dict] = None) -> tuple:
+    flags = tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
+    key = (flags, _hooked(state.watched))
+    if state.specialized:
+        key += (_input_signature(args, kwargs or {}),)
+    return key
+
+
+def _input_signature(args: Sequence[Any], kwargs: dict) -> tuple:
+    """What a shape-specialized graph was traced for: the count of inputs and every tensor's shape."""
+    leaves = torch.utils._pytree.tree_leaves((tuple(args), kwargs))
+    return (len(args), tuple(sorted(kwargs)), tuple(tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)))
+
+
+def _new_state(module: nn.Module, options: Options) -> _State:
+    return _State(options, key_modules=[], watched=[m for m in module.modules() if m is not module])
+
+
+def _hooked(modules: list[nn.Module]) -> tuple[int, ...]:
+    return tuple(
+        [
+            i
+            for i, m in enumerate(modules)
+            if m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks
+        ]
+    )
+
+
+def _global_hooks() -> bool:
+    """Whether global module hooks that fire on every module call are registered (other than the
+    bookkeeping of torch's own ModuleTracker, which FlopCounterMode uses: it only records which module
+    runs, and a fused site then counts under the module that called it)."""
+    hooks = (
+        *_nn_module._global_forward_pre_hooks.values(),
+        *_nn_module._global_forward_hooks.values(),
+        *_nn_module._global_backward_pre_hooks.values(),
+        *_nn_module._global_backward_hooks.values(),
+    )
+    return any(not isinstance(getattr(h, "__self__", None), ModuleTracker) for h in hooks)
+
+
+_warned_global_hooks = False
+
+
+def _warn_global_hooks(module: nn.Module) -> None:
+    global _warned_global_hooks
+    if not _warned_global_hooks:
+        _warned_global_hooks = True
+        warnings.warn(
+            f"fxfuse: global module hooks are registered, so the optimized {type(module).__name__} runs its "
+            "forward as written (unfused) while they are, and every module call fires them as in eager",
+            stacklevel=2,
+        )
+
+
+def _original_forward(self, *args, **kwargs):
+    return type(self)._fxfuse_original_class.forward(self, *args, **kwargs)
+
+
+def _fused_forward(self, *args, **kwargs):
+    state: _State = self.__dict__[_STATE]
+    if _global_hooks():
+        _warn_global_hooks(self)
+        return _original_forward(self, *args, **kwargs)
+    if self._backward_hooks and not self._is_full_backward_hook:
+        # A non-full backward hook sees the inputs of the grad_fn of the forward's last op: eager's ops.
+        return _original_forward(self, *args, **kwargs)
+    if state.options.channels_last:
+        args = layout.to_channels_last(args)
+    if transformed():  # torch.func / forward AD: the fused ops and regions have no rule for them
+        return _original_forward(self, *args, **kwargs)
+    fn = state.graphs.get(_key(state, args, kwargs))
+    if fn is None:
+        fn = _build_or_fall_back(self, state, args if state.specialized and not kwargs else None, install=True)
+        _note_call_time_build(self, state)
+    return fn(self, *args, **kwargs)
+
+
+def _note_call_time_build(module: nn.Module, state: _State) -> None:
+    """Add to the report `optimize` attached what a graph built at call time (hooks or training
+    flags changed since) left unfused or kept as a module call, and why."""
+    report: Optional[FusionReport] = module.__dict__.get("fxfuse_report")
+    later = state.reports.get(state.last_key)
+    if report is None or later is None:
+        return
+    lines = list(later.notes)
+    lines += [f"{s.name} ({s.pattern}) not fused: {s.reason}" for s in later.skipped if s not in report.skipped]
+    for line in lines:
+        line = f"graph built at a later call: {line}"
+        if line not in report.notes:
+            report.notes.append(line)
+
+
+def _reduce_ex(self, protocol):
+    # Generated classes and compiled graphs do not pickle: pickle (and deepcopy) the
+    # module as its original class, and optimize it again when it is loaded.
+    plain = type(self)._fxfuse_original_class.__new__(type(self)._fxfuse_original_class)
+    plain.__dict__.update({k: v for k, v in self.__dict__.items() if k != _STATE})
+    state: _State = self.__dict__[_STATE]
+    return _rebuild, (plain, state.options, state.example)
+
+
+def _rebuild(plain: nn.Module, options: Options, example: Optional[tuple] = None) -> nn.Module:
+    _install(plain, options, example)
+    return plain
+
+
+_rebuild.__module__ = "fxfuse.fusion"  # what pickles name: fxfuse.fusion re-exports it
+
+_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(
+            cls.__name__,
+            (cls,),
+            {
+                "forward": _fused_forward,
+                "__reduce_ex__": _reduce_ex,
+                "_fxfuse_original_class": cls,
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+            },
+        )
+    return _CLASSES[cls]
+
+
+def is_optimized(module: nn.Module) -> bool:
+    return _STATE in module.__dict__
+
+
+def uninstall(module: nn.Module) -> None:
+    for m in module.modules():
+        if is_optimized(m):
+            del m.__dict__[_STATE]
+            m.__class__ = type(m)._fxfuse_original_class
+    module.__dict__.pop("fxfuse_report", None)
+
+
+def _build(
+    root: nn.Module,
+    state: _State,
+    example_inputs: Optional[Sequence[Any]],
+    captures: Optional[Captures] = None,
+    path: str = "",
+) -> Callable:
+    """Rewrite `root`'s graph for its current training flags (captured now, or taken from `captures`),
+    compile and cache it."""
+    captured = capture(root, example_inputs) if captures is None else captures.get(root, path, example_inputs)
+    traced = captured.traced
+    if traced.specialized:
+        state.specialized = True
+        state.example = measure.to_meta(example_inputs)
+    modules = dict(root.named_modules())
+    for traced_path in traced.traced_modules:
+        if all(modules[traced_path] is not m for m in state.key_modules):
+            state.key_modules.append(modules[traced_path])
+            state.key_flags.extend(
+                (modules[traced_path], a) for a in _CHECKPOINT_FLAGS if hasattr(modules[traced_path], a)
+            )
+            state.graphs.clear()
+    graph, report = apply(root, captured, state.options)
+    key = _key(state, example_inputs or ())
+    state.fx_graphs[key] = graph
+    fn = graphs.compile_graph(graph)
+    state.last_key = key
+    state.graphs[key] = fn
+    state.reports[key] = report
+    state.last_leaf_failures = traced.leaf_failures
+    state.last_hooked = traced.hooked
+    return fn
+
+
+def _build_or_fall_back(
+    root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]], install: bool
+) -> Callable:
+    """`_build`, with what it leaves out optimized on its own (`install`): the submodules of leaves
+    that could not be traced through, and hooked submodules. Where `root`'s own forward cannot be
+    traced with the current training flags and hooks, that key runs the forward as written, with
+    its submodules optimized instead, so nothing torch.fx raises reaches the caller."""
+    try:
+        fn = _build(root, state, example_inputs)
+    except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
+        report = FusionReport(state.options.mode)
+        report.notes.append(
+            f"{type(root).__name__}: forward is not traceable ({type(exc).__name__}: {tracing.first_line(exc)}); "
+            "it runs as written, with its submodules optimized instead"
+        )
+        if install:
+            _optimize_children(root, "", state.options, Walk(report, install))
+        key = _key(state, example_inputs or ())
+        state.last_key = key
+        state.graphs[key] = _original_forward
+        state.reports[key] = report
+        return _original_forward
+    if install:
+        _optimize_inside(root, state, "", state.options, Walk(state.reports[state.last_key], install))
+    return fn
+
+
+def _build_other_mode(
+    root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None
+) -> Optional[tuple[str, FusionReport]]:
+    """Also build the graph for the opposite train/eval mode of every traced module.
+
+    So that switching between train() and eval() finds a compiled graph (and
+    torch.compile never has to trace fxfuse's own tracing). Returns that mode's
+    name and report.
+    """
+    flags = [m.training for m in state.key_modules]
+    if len(set(flags)) != 1:
+        return None
+    try:
+        for m in state.key_modules:
+            m.training = not flags[0]
+        _build_or_fall_back(root, state, example_inputs if state.specialized else None, install=True)
+        return ("eval" if flags[0] else "train"), state.reports[state.last_key]
+    finally:
+        for m, flag in zip(state.key_modules, flags):
+            m.training = flag
+
+
+def _attach(
+    module: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None, both_modes: bool = True
+) -> Optional[tuple[str, FusionReport]]:
+    """Make `module` run its fused graphs: build the other train/eval mode too (`both_modes`), swap the
+    class. Returns the other mode's name and report."""
+    other = _build_other_mode(module, state, example_inputs) if both_modes else None
+    module.__dict__[_STATE] = state
+    module.__class__ = _fused_class(type(module))
+    return other
+
+
+def _install(module: nn.Module, options: Options, example_inputs=None) -> _State:
+    state = _new_state(module, options)
+    _build_or_fall_back(module, state, example_inputs, install=True)
+    _attach(module, state, example_inputs)
+    return state
+
+
+def _prefixed(report: FusionReport, prefix: str) -> FusionReport:
+    if not prefix:
+        return report
+
+    def names(ms):
+        return tuple(f"{prefix}.{m}" if m and not m.startswith(":") else f"{prefix}{m}" for m in ms)
+
+    return FusionReport(
+        report.mode,
+        [dataclasses.replace(s, modules=names(s.modules)) for s in report.fused],
+        [SkippedSite(names(s.modules), s.pattern, s.reason) for s in report.skipped],
+        [f"{prefix}.{n}" if not n.startswith(prefix) else n for n in report.notes],
+    )
+
+
+def _joined(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _optimize_children(module: nn.Module, path: str, options: Options, walk: Walk) -> int:
+    """Optimize each child of `module` (at `path`) that is not a library module. Returns #roots optimized."""
+    roots = 0
+    for name, child in module.named_children():
+        if not is_library_module(child) and not (walk.install and is_optimized(child)):
+            roots += _optimize_tree(child, _joined(path, name), options.scoped(name), None, walk)
+    return roots
+
+
+def _optimize_inside(module: nn.Module, state: _State, path: str, options: Options, walk: Walk) -> int:
+    """Optimize what the last trace of `module` kept as leaves: the children of leaves that could
+    not be traced through, and hooked modules (their hooks need a module call; their forward
+    can still be fused). Returns #roots optimized."""
+    roots = 0
+    for leaf_path in state.last_leaf_failures:
+        leaf = module.get_submodule(leaf_path)
+        roots += _optimize_children(leaf, _joined(path, leaf_path), options.scoped(leaf_path), walk)
+    for leaf_path in state.last_hooked:
+        leaf = module.get_submodule(leaf_path)
+        if not is_library_module(leaf) and not (walk.install and is_optimized(leaf)):
+            roots += _optimize_tree(leaf, _joined(path, leaf_path), options.scoped(leaf_path), None, walk)
+    return roots
+
+
+def _optimize_tree(module: nn.Module, path: str, options: Options, example_inputs, walk: Walk) -> int:
+    """Optimize `module` if it traces, else its largest traceable submodules. Returns #roots optimized."""
+    state = _new_state(module, options)
+    report = walk.report
+    try:
+        _build(module, state, example_inputs, walk.captures, path)
+    except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
+        has_children = any(not is_library_module(child) for child in module.children())
+        report.notes.append(
+            f"{path or type(module).__name__}: forward is not traceable ({type(exc).__name__}: "
+            f"{tracing.first_line(exc)}); optimizing its submodules instead"
+            + ("" if has_children else " (it has none that fxfuse could trace)")
+        )
+        return _optimize_children(module, path, options, walk)
+    merged = _prefixed(state.reports[state.last_key], path)
+    report.fused.extend(merged.fused)
+    report.skipped.extend(merged.skipped)
+    report.notes.extend(merged.notes)
+    roots = 1 + _optimize_inside(module, state, path, options, walk)
+    if walk.install:
+        other = _attach(module, state, example_inputs, walk.both_modes)
+        if other is not None:
+            mode, other_report = other
+            for note in _prefixed(other_report, path).notes:
+                if note not in report.notes:
+                    report.notes.append(f"in {mode} mode: {note}")
+    return roots
+
+
+def walk(model: nn.Module, example_inputs, options: Options, walk: Walk) -> int:
+    """Optimize (or with `walk.install` False, only report on) `model`'s tree of traceable roots,
+    into `walk.report`. Returns how many roots were optimized."""
+    return _optimize_tree(model, "", options, example_inputs, walk)
+
+
+def fx_graph(module: nn.Module) -> Optional[object]:
+    """The rewritten graph an optimized `module` runs now (None: not optimized as one graph)."""
+    if not is_optimized(module):
+        return None
+    state: _State = module.__dict__[_STATE]
+    return state.fx_graphs.get(state.last_key)

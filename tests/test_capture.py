@@ -1,0 +1,85 @@
+"""fusion/capture.py: one trace per module and train/eval mode, and copies that leave the capture alone."""
+
+import copy
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import fxfuse
+from fxfuse.fusion import tracing
+from fxfuse.fusion.capture import Captures, capture, copy_of
+from fxfuse.testing import assert_equivalent
+
+
+def _resnet():
+    """ResNet-50's structure (bottlenecks, downsampling), one block per stage, narrow."""
+    return torchvision.models.resnet.ResNet(torchvision.models.resnet.Bottleneck, [1, 1, 1, 1], width_per_group=16)
+
+
+def _traces(fn) -> int:
+    before = tracing.trace_count
+    fn()
+    return tracing.trace_count - before
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_optimize_with_a_budget_traces_once_per_mode(single_thread, training):
+    model, x = _resnet().train(training), torch.randn(2, 3, 32, 32)
+    traces = _traces(lambda: fxfuse.optimize(model, x, memory_budget=0.3))
+    assert traces <= 2, f"{traces} traces"
+    report = model.fxfuse_report
+    assert report.budget_met and report.regions, report
+    assert _traces(lambda: model(x)) == 0
+    assert _traces(lambda: model.train(not training)(x)) == 0  # the other mode was built at optimize time
+
+
+def test_optimize_with_a_budget_stays_exact(single_thread):
+    model, x = _resnet(), torch.randn(2, 3, 32, 32)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.3)
+    assert optimized.fxfuse_report.regions
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_a_copy_is_rewritten_without_changing_the_capture():
+    model, x = _resnet(), torch.randn(2, 3, 32, 32)
+    captured = capture(model, (x,))
+    code = captured.traced.graph.python_code("self").src
+    own = copy_of(captured)
+    assert own.traced.graph is not captured.traced.graph
+    assert own.traced.graph.python_code("self").src == code
+    assert len(own.shapes) == len(captured.shapes) > 0
+    assert all(n.graph is own.traced.graph for n in own.shapes)
+    for node in list(own.traced.graph.nodes):
+        if node.op == "call_module" and not node.users:
+            own.traced.graph.erase_node(node)
+    node = next(n for n in own.traced.graph.nodes if n.op == "call_module")
+    node.target = "fc"
+    assert captured.traced.graph.python_code("self").src == code
+
+
+def test_captures_trace_each_module_once_per_training_flags():
+    model, captures = _resnet(), Captures()
+    assert _traces(lambda: captures.get(model, "", None)) == 1
+    assert _traces(lambda: captures.get(model, "", None)) == 0
+    model.eval()
+    assert _traces(lambda: captures.get(model, "", None)) == 1
+
+
+class Untraceable(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # control flow on a tensor value
+            return x
+        return -x
+
+
+def test_captures_remember_what_cannot_be_traced():
+    captures, model, raised = Captures(), Untraceable(), []
+    for expected in (1, 0):
+        before = tracing.trace_count
+        with pytest.raises(Exception) as info:
+            captures.get(model, "", None)
+        assert tracing.trace_count - before == expected
+        raised.append(info.value)
+    assert raised[0] is raised[1]

@@ -1,0 +1,15 @@
+"""fusion/passes/__init__.py: PASSES declares every pass the same way, each with the reason for its position."""
+
+from fxfuse.fusion.passes import PASSES, Pass
+from fxfuse.fusion.passes.driver import FusionPass
+
+
+def test_every_pass_is_declared_the_same_way_with_a_reason():
+    assert all(isinstance(p, Pass) and callable(p.run) and p.why.strip() for p in PASSES)
+    assert len({p.run for p in PASSES}) == len(PASSES)
+
+
+def test_inplace_add_runs_last():
+    # It adds into fused outputs, which exist only once every site is rewritten.
+    assert PASSES[-1].run.__module__.endswith("inplace_add")
+    assert sum(not isinstance(p.run, FusionPass) for p in PASSES) == 2  # bn_act_conv and inplace_add merge
