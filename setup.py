@@ -47,6 +47,14 @@ CUDA = _cuda_decision()
 print(f"fxfuse: CUDA kernels {'on' if CUDA.cuda else 'off'} ({CUDA.reason})")
 if CUDA.cuda:
     _cuda_home_for_nvcc_wrapper()
+    import torch
+
+    _archs = sys.modules["_cuda_build"].arch_list(
+        os.environ, torch.cuda.is_available(), getattr(torch._C, "_cuda_getArchFlags", lambda: "")()
+    )
+    if _archs:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = _archs
+        print(f"fxfuse: no GPU visible and TORCH_CUDA_ARCH_LIST unset: building for torch's own architectures {_archs}")
 
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 

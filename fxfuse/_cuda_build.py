@@ -45,6 +45,23 @@ def decide(
     return Decision(True, f"torch CUDA {torch_cuda}, nvcc {nvcc_release} ({nvcc})")
 
 
+def arch_list(env: Mapping[str, str], gpu_visible: bool, torch_arch_flags: str) -> Optional[str]:
+    """The TORCH_CUDA_ARCH_LIST to build for, or None to leave torch's choice.
+
+    torch compiles for the visible GPUs, or for TORCH_CUDA_ARCH_LIST when set. With neither (a
+    build host or container without a GPU) its arch list comes out empty and the build dies with
+    an IndexError, so fxfuse builds for the architectures torch itself was built for
+    (`torch._C._cuda_getArchFlags()`, e.g. 'sm_75 sm_80 sm_90'), PTX for the newest: the kernels
+    then run wherever this torch runs."""
+    if env.get("TORCH_CUDA_ARCH_LIST", "").strip() or gpu_visible:
+        return None
+    archs = sorted({int(m) for m in re.findall(r"sm_(\d+)", torch_arch_flags)})
+    if not archs:
+        return None
+    names = [f"{a // 10}.{a % 10}" for a in archs]
+    return ";".join(names[:-1] + [names[-1] + "+PTX"])
+
+
 def find_nvcc(env: Mapping[str, str]) -> Optional[str]:
     """The nvcc torch's CUDAExtension would use: CUDA_HOME/CUDA_PATH's, else the one on PATH."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
