@@ -12,7 +12,7 @@
 //    activation-sized buffer, the output;
 //  * bn_act_backward: two passes over memory, see backward(): the pre-activation's buffer,
 //    which takes g, and the destination (none in the in-place forms, which write over the
-//    input or grad_out).
+//    input or grad_out); half / bfloat16 take ATen's backward for grad_input, as eager.
 // Half / bfloat16 round z and g to the input dtype as eager does; ATen's kernels do
 // their arithmetic and reductions in float.
 #include <ATen/MemoryOverlap.h>
@@ -156,8 +156,8 @@ bool dense(const at::Tensor& t) {
 //     grad_input (ATen's reduction: eager's grad_weight and grad_bias for eager's g,
 //     no activation-sized temporary);
 //  2. grad_input = (g + u) * invstd * weight, u = -(x - mean) * k - mean(g),
-//     k = mean(g * xhat) * invstd (eager's formula, regrouped), in three elementwise passes
-//     over the destination (x - mean; u; g + u, then the scale in place).
+//     k = mean(g * xhat) * invstd (eager's formula, regrouped), in elementwise passes over
+//     the destination (x - mean; u; g + u, then the scale in place); float32 / float64 only.
 // Peak: z's buffer and the destination (eager: g, grad_input and the temporary its
 // native_batch_norm_backward allocates); the in-place forms need z's buffer only.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
@@ -200,13 +200,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
     }
     if (over_grad_out) spare = z;
   }  // z is freed here unless it holds g or is spare
-  at::Tensor sum_gxhat, sum_g;
-  if (need_weight || need_bias || (need_input && batch_stats)) {
+  const bool need_sums = need_weight || need_bias || (need_input && batch_stats);
+  at::Tensor grad_input, sum_gxhat, sum_g;
+  if (need_input && batch_stats && at::isReducedFloatingType(input.scalar_type())) {
+    // Half / bfloat16: each pass of step 2 would round to the input dtype; ATen's backward
+    // rounds grad_input once, from float arithmetic (eager's bits), and holds g, grad_input
+    // and one temporary, as eager's does.
+    std::tie(grad_input, sum_gxhat, sum_g) = at::native_batch_norm_backward(
+        g, input, w, std::nullopt, std::nullopt, m, invstd, /*train=*/true, eps, {true, true, true});
+  } else if (need_sums) {
     std::tie(std::ignore, sum_gxhat, sum_g) = at::native_batch_norm_backward(
         g, input, w, std::nullopt, std::nullopt, m, invstd, /*train=*/true, eps, {false, true, true});
   }
-  at::Tensor grad_input;
-  if (need_input) {
+  if (need_input && !grad_input.defined()) {
     grad_input = over_input ? input : over_grad_out ? grad_out : at::empty_like(input);
     const at::Tensor scale = w ? invstd * *w : invstd;
     const at::Tensor zero = at::zeros_like(m);
@@ -215,22 +221,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
       const at::Tensor neg_k = sum_gxhat * invstd / -M, neg_mean_g = sum_g / -M;
       // u over the destination, or over a spare buffer when g is there
       at::Tensor u = over_grad_out ? (spare.defined() ? spare : at::empty_like(input)) : grad_input;
-      if (at::isReducedFloatingType(input.scalar_type())) {
-        // x - mean in the input dtype would round it there (and copy x to float first on
-        // CPU); the apply subtracts in float.
-        affine_into(input, m, neg_k, neg_mean_g, u);
-      } else {
-        at::sub_out(u, input, m.reshape({1, -1, 1, 1}));
-        affine_into(u, zero, neg_k, neg_mean_g, u);
-      }
+      at::sub_out(u, input, m.reshape({1, -1, 1, 1}));
+      affine_into(u, zero, neg_k, neg_mean_g, u);
       at::add_out(grad_input, g, u);
       affine_into(grad_input, zero, scale, std::nullopt, grad_input);
     } else {
       affine_into(g, zero, scale, std::nullopt, grad_input);
     }
-    if (dest == Dest::Input && !over_input) input.copy_(grad_input);
-    if (dest == Dest::GradOut && !over_grad_out) grad_out.copy_(grad_input);
   }
+  if (need_input && dest == Dest::Input && !grad_input.is_same(input)) input.copy_(grad_input);
+  if (need_input && dest == Dest::GradOut && !grad_input.is_same(grad_out)) grad_out.copy_(grad_input);
   return {grad_input, need_weight ? sum_gxhat.to(weight->scalar_type()) : at::Tensor(),
           need_bias ? sum_g.to(bias->scalar_type()) : at::Tensor()};
 }
