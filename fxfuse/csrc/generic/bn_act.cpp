@@ -74,11 +74,18 @@ at::Tensor training_invstd(const at::Tensor& var, double eps) {
 // exactly 1, so its coefficients are scale and shift - center * scale, as eager's
 // training batch_norm forms them): one rounding to t's dtype, float arithmetic for half /
 // bfloat16 with float coefficients and no float copy of t (CPU's elementwise ops copy
-// mixed-dtype operands), any layout. `out` may be t (each element is read before it is
-// written). The per-channel vectors are in the statistics dtype.
+// mixed-dtype operands). `out` may be t (each element is read before it is written). The
+// per-channel vectors are in the statistics dtype.
 void affine_into(
     const at::Tensor& t, const at::Tensor& center, const at::Tensor& scale, const OptTensor& shift,
     at::Tensor& out) {
+  if (!out.is_same(t) && out.strides() != t.strides()) {
+    // ATen's CPU apply writes `out` in t's element order (wrong values under its DEFAULT
+    // capability when the layouts differ): copy, then apply in place.
+    out.copy_(t);
+    affine_into(out, center, scale, shift, out);
+    return;
+  }
   const auto opts = scale.options();
   at::Tensor save_mean = at::empty({0}, opts), save_invstd = at::empty({0}, opts);
   at::native_batch_norm_out(
