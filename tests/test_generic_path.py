@@ -220,7 +220,7 @@ from fxfuse.ops import generic_path
 torch.set_num_threads(1)
 rows = []
 if {steps}:
-    for case in gp.step_cases(torch.float32, {cl}, size=16):
+    for case in gp.step_cases({dtype}, {cl}, size=16):
         eager = gp.measure_step(case.eager, case.leaves, case.dy)
         with generic_path():
             generic = gp.measure_step(case.fused, case.leaves, case.dy)
@@ -243,10 +243,11 @@ def _measure(steps: bool, channels_last: bool, dtype: str = "torch.float32"):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("dtype", ["torch.float32", "torch.float64", "torch.bfloat16"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
-def test_each_op_family_holds_no_more_than_eager(channels_last):
+def test_each_op_family_holds_no_more_than_eager(channels_last, dtype):
     over = []
-    for name, (eager, generic, kernels) in _measure(True, channels_last):
+    for name, (eager, generic, kernels) in _measure(True, channels_last, dtype):
         if (
             generic["forward_peak"] > eager["forward_peak"] + SLACK
             or generic["backward_peak"] > eager["backward_peak"] + SLACK
@@ -257,7 +258,7 @@ def test_each_op_family_holds_no_more_than_eager(channels_last):
     assert not over, over
 
 
-@pytest.mark.parametrize("dtype", ["torch.float32", "torch.bfloat16", "torch.float16"])
+@pytest.mark.parametrize("dtype", ["torch.float32", "torch.float64", "torch.bfloat16", "torch.float16"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_primitive_ops_hold_no_more_than_eager(dtype, channels_last):
     for name, (eager, generic) in _measure(False, channels_last, dtype):
