@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from generic_peaks import EveryFamily
 
 import fxfuse
 from fxfuse import _extension
@@ -54,35 +54,12 @@ def test_cpu_tensors_take_the_generic_kernels_inside_the_switch():
         assert "aten::native_batch_norm" in _op_names(call)
 
 
-class _EveryFamily(nn.Module):
-    """conv_bn_act, bn_act_conv with an epilogue, conv_layer_norm_linear, act_linear_scale,
-    conv_act, batch_norm_act, linear_act / act_linear (mode="memory")."""
-
-    def __init__(self, c=8):
-        super().__init__()
-        self.stem, self.bn0 = nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-        self.bn1, self.conv1, self.bn2 = nn.BatchNorm2d(c), nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-        self.dw, self.ln = nn.Conv2d(c, c, 7, padding=3, groups=c), nn.LayerNorm(c)
-        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
-        self.gamma = nn.Parameter(torch.full((c,), 0.5))
-        self.conv3, self.bn3 = nn.Conv2d(c, c, 1), nn.BatchNorm2d(c)
-        self.head1, self.head2 = nn.Linear(c, 16), nn.Linear(16, 4)
-
-    def forward(self, x):
-        x = F.relu(self.bn0(self.stem(x)))
-        y = F.gelu(self.bn2(self.conv1(F.silu(self.bn1(x)))))
-        h = self.fc2(F.gelu(self.fc1(self.ln(self.dw(y).permute(0, 2, 3, 1)))))
-        y = y + (h * self.gamma).permute(0, 3, 1, 2)
-        y = F.relu6(self.bn3(F.hardswish(self.conv3(y))))
-        return self.head2(F.gelu(self.head1(y.mean((2, 3)))))
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_optimized_model_matches_eager_through_the_generic_path(dtype, channels_last):
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    model = _EveryFamily().to(memory_format=fmt)
-    optimized = fxfuse.optimize(_EveryFamily().to(memory_format=fmt), mode="memory")
+    model = EveryFamily().to(memory_format=fmt)
+    optimized = fxfuse.optimize(EveryFamily().to(memory_format=fmt), mode="memory")
     optimized.load_state_dict(model.state_dict())
     ops = {site.op.removeprefix("fxfuse::") for site in optimized.fxfuse_report.fused}
     assert {"conv_bn_act", "bn_act_conv", "conv_layer_norm_linear", "act_linear_scale", "conv_act"} <= ops, ops
