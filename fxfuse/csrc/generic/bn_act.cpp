@@ -189,11 +189,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
   const bool over_grad_out = dest == Dest::GradOut && dense(input) && !grad_out.is_same(input) &&
       grad_out.scalar_type() == input.scalar_type() && grad_out.strides() == input.strides();
 
+  // Half / bfloat16 take grad_input from ATen's backward (below), the others step 2.
+  const bool two_pass = !at::isReducedFloatingType(input.scalar_type());
   // g, in the input dtype: over grad_out when it is the destination or a converted copy, over
   // z's buffer when grad_out has the input's strides, else where ATen's activation backward
-  // puts it (eager's g: some follow the gradient's strides, some z's), as native_batch_norm_backward's
-  // reduction takes its path, and its bits, from them (channels_last: float sums; mixed
-  // layouts: double). `spare` keeps z's buffer for u when g lies in the destination.
+  // puts it (eager's g: some follow the gradient's strides, some z's), as
+  // native_batch_norm_backward's reduction takes its path, and its bits, from them
+  // (channels_last: float sums; mixed layouts: double). `spare` keeps z's buffer for u when g
+  // lies in the destination.
   at::Tensor g = grad_out.to(input.scalar_type()), spare;
   if (a != Act::None) {
     at::Tensor z = at::empty_like(input);
@@ -205,11 +208,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
     } else {
       g = act_backward(g, z, a, act_param);
     }
-    if (over_grad_out) spare = z;
+    if (over_grad_out && batch_stats && two_pass) spare = z;
   }  // z is freed here unless it holds g or is spare
   const bool need_sums = need_weight || need_bias || (need_input && batch_stats);
   at::Tensor grad_input, sum_gxhat, sum_g;
-  if (need_input && batch_stats && at::isReducedFloatingType(input.scalar_type())) {
+  if (need_input && batch_stats && !two_pass) {
     // Half / bfloat16: each pass of step 2 would round to the input dtype; ATen's backward
     // rounds grad_input once, from float arithmetic (eager's bits), and holds g, grad_input
     // and one temporary, as eager's does.
