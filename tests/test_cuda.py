@@ -262,11 +262,11 @@ def no_tf32(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_every_op_family_matches_eager_cuda(size, dtype, channels_last, no_tf32):
-    """Each op family (tests/generic_peaks.py: batch_norm_act, conv_bn_act, bn_act_conv with and
+    """Each op family (tests/support/generic_peaks.py: batch_norm_act, conv_bn_act, bn_act_conv with and
     without its epilogue, conv_act, depthwise conv2d, gelu, linear_act, act_linear,
     act_linear_scale, layer_norm_linear, conv_layer_norm_linear) on CUDA against eager's ops on
     CUDA: the output and the gradient of every input and parameter."""
-    import generic_peaks as gp
+    from support import generic_peaks as gp
 
     tol = 1e-9 if dtype == torch.float64 else 1e-4
     for case in gp.step_cases(dtype, channels_last, size, device=torch.device("cuda")):
@@ -284,7 +284,7 @@ def test_every_op_family_matches_eager_cuda(size, dtype, channels_last, no_tf32)
 def test_every_family_model_matches_eager_cuda_float64(channels_last):
     """An optimized model with every op family, NCHW and channels_last, on CUDA in float64: outputs,
     every gradient, running statistics and counters over train steps and eval (assert_equivalent)."""
-    from generic_peaks import EveryFamily
+    from support.generic_peaks import EveryFamily
 
     from fxfuse.testing import assert_equivalent
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from generic_peaks import EveryFamily
+from support.generic_peaks import EveryFamily
 
 import fxfuse
 from fxfuse import _extension
