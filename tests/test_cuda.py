@@ -247,3 +247,67 @@ def test_cuda_bn_act_over_2_31_elements_takes_the_64_bit_path():
     torch.testing.assert_close(out[:, -1:], want, rtol=0, atol=0)
     torch.ops.fxfuse.bn_act_(x, mean, var, None, None, 1e-5, "relu", 0.0)
     torch.testing.assert_close(x[-1, -1], out[-1, -1], rtol=0, atol=0)
+
+
+@pytest.fixture
+def no_tf32(monkeypatch):
+    """float32 convolutions and matmuls in float32 on both sides (TF32 rounds each differently)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+
+
+@needs_gpu
+@needs_cuda_kernels
+@pytest.mark.parametrize("size", [8, 33], ids=lambda s: f"{s}x{s}")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_every_op_family_matches_eager_cuda(size, dtype, channels_last, no_tf32):
+    """Each op family (tests/support/generic_peaks.py: batch_norm_act, conv_bn_act, bn_act_conv with and
+    without its epilogue, conv_act, depthwise conv2d, gelu, linear_act, act_linear,
+    act_linear_scale, layer_norm_linear, conv_layer_norm_linear) on CUDA against eager's ops on
+    CUDA: the output and the gradient of every input and parameter."""
+    from support import generic_peaks as gp
+
+    tol = 1e-9 if dtype == torch.float64 else 1e-4
+    for case in gp.step_cases(dtype, channels_last, size, device=torch.device("cuda")):
+        results = []
+        for fn in (case.fused, case.eager):
+            out = fn()
+            results.append((out.detach(), *torch.autograd.grad(out, case.leaves, case.dy)))
+        for i, (a, e) in enumerate(zip(*results)):
+            scale = e.abs().max().item()
+            torch.testing.assert_close(a, e, rtol=tol, atol=tol * scale, msg=f"{case.name}: result {i}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_every_family_model_matches_eager_cuda_float64(channels_last):
+    """An optimized model with every op family, NCHW and channels_last, on CUDA in float64: outputs,
+    every gradient, running statistics and counters over train steps and eval (assert_equivalent)."""
+    from support.generic_peaks import EveryFamily
+
+    from fxfuse.testing import assert_equivalent
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    torch.manual_seed(0)
+    model = EveryFamily().cuda().to(memory_format=fmt)
+    optimized = fxfuse.optimize(copy.deepcopy(model), mode="memory")
+    assert len(optimized.fxfuse_report.fused) >= 6
+    x = torch.randn(3, 3, 10, 10, device="cuda").contiguous(memory_format=fmt)
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+@needs_gpu
+def test_timed_waits_for_the_device():
+    """fxfuse.measure.timed (what bench, fit and memory_format="auto" time with) counts the GPU's
+    work, not only the launch: a kernel that spins for a known time takes at least that long."""
+    from fxfuse import measure
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(50_000_000)
+    end.record()
+    end.synchronize()
+    device_seconds = start.elapsed_time(end) / 1e3
+    assert measure.timed(lambda: torch.cuda._sleep(50_000_000)) >= 0.9 * device_seconds

@@ -1,8 +1,9 @@
 """What a GPU run of fxfuse checks and measures, one section per subcommand (tools/gpu_check.sh runs them all).
 
-    python tools/gpu_check.py env | exact | autocast | kernels | step [--out DIR]
+    python tools/gpu_check.py env | exact | autocast | kernels | step | fit [--out DIR]
 
-Each section prints a short table and writes JSON into --out (default: gpu-check-out/).
+Each section prints a short table and writes it into --out (default: gpu-check-out/) as JSON and
+as the markdown table the README's GPU section takes (SECTION.json, SECTION.md).
 Needs a CUDA GPU; without one it stops at once with a one-line message.
 """
 
@@ -24,10 +25,25 @@ def _require_gpu() -> None:
         sys.exit("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU machine")
 
 
-def _write(out: str, name: str, data) -> None:
+def _markdown(data, header=None) -> str:
+    """A markdown table of rows (dicts, or lists under `header`); key: value lines for a dict."""
+    if isinstance(data, dict):
+        return "".join(f"* {k}: {v}\n" for k, v in data.items())
+    if not data:
+        return ""
+    if isinstance(data[0], dict):
+        header = list(data[0])
+        data = [[row.get(k, "") for k in header] for row in data]
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in data]) + "\n"
+
+
+def _write(out: str, name: str, data, header=None) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump(data, f, indent=1, default=str)
+    with open(os.path.join(out, name + ".md"), "w") as f:
+        f.write(_markdown(data, header))
 
 
 def env(args) -> None:
@@ -39,6 +55,8 @@ def env(args) -> None:
         "device": p.name,
         "multiprocessors": p.multi_processor_count,
         "memory_GiB": round(p.total_memory / 2**30, 1),
+        "peak_GB/s": _peak_bandwidth(),
+        "driver": _driver(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
@@ -49,6 +67,25 @@ def env(args) -> None:
     for k, v in data.items():
         print(f"{k:16} {v}")
     _write(args.out, "env", data)
+
+
+def _peak_bandwidth() -> float | None:
+    """The device's memory bandwidth from its clock and bus width (double data rate), GB/s."""
+    p = torch.cuda.get_device_properties(0)
+    clock_khz, bus_bits = getattr(p, "memory_clock_rate", 0), getattr(p, "memory_bus_width", 0)
+    return round(2 * clock_khz * 1e3 * bus_bits / 8 / 1e9) if clock_khz and bus_bits else None
+
+
+def _driver() -> str:
+    import subprocess
+
+    try:
+        run = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        return run.stdout.strip() or "?"
+    except OSError:
+        return "?"
 
 
 def _models():
@@ -85,7 +122,7 @@ def exact(args) -> None:
                 verdict = "FAIL: " + str(exc).splitlines()[0][:200]
             rows.append([name, mode, fused, verdict, round(time.perf_counter() - start, 1)])
             print(rows[-1], flush=True)
-    _write(args.out, "exact", rows)
+    _write(args.out, "exact", rows, ["model", "mode", "fused sites", "float64 vs eager", "seconds"])
     if any(r[3] != "exact" for r in rows):
         sys.exit("gpu_check exact: some models differ from eager")
 
@@ -121,7 +158,8 @@ def autocast(args) -> None:
             e_eager, e_fx = _relative_error(grads["eager"], truth), _relative_error(grads["fxfuse"], truth)
             rows.append([name, str(dtype), f"{e_eager:.2e}", f"{e_fx:.2e}", f"{e_fx / e_eager:.2f}"])
             print(rows[-1], flush=True)
-    _write(args.out, "autocast", rows)
+    header = ["model", "autocast", "eager grad error vs float64", "fxfuse grad error", "fxfuse / eager"]
+    _write(args.out, "autocast", rows, header)
 
 
 def _bench(fn, repeats: int = 50) -> float:
@@ -155,10 +193,14 @@ def _kernel_row(shape, dtype, fmt) -> dict:
         lambda: torch.ops.fxfuse.bn_act_backward(dy, x, mean, var, w, b, 1e-5, "relu", 0.0, True, [True] * 3)
     )
     eager_ms = _bench(lambda: torch.relu(torch.nn.functional.batch_norm(x, None, None, w, b, True)))
+    peak = _peak_bandwidth()
     # The fewest bytes each must move: read x (and dy), write the output once.
     return {
         "dtype": str(dtype).replace("torch.", ""),
         "layout": "nhwc" if fmt is torch.channels_last else "nchw",
+        "device GB/s": peak,
+        "bn_act % of device": round(100 * 2 * nbytes / fwd_ms / 1e6 / peak) if peak else None,
+        "bn_act_backward % of device": round(100 * 3 * nbytes / bwd_ms / 1e6 / peak) if peak else None,
         "copy GB/s": round(2 * nbytes / copy_ms / 1e6),
         "bn_stats GB/s": round(nbytes / stats_ms / 1e6),
         "bn_act GB/s": round(2 * nbytes / fwd_ms / 1e6),
@@ -251,11 +293,64 @@ def step(args) -> None:
     _write(args.out, "step", rows)
 
 
+class _Autocast(torch.nn.Module):
+    """`model` run under CUDA bfloat16 autocast (AMP), for the largest-batch search."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return self.model(x)
+
+
+def fit(args) -> None:
+    """Largest training batch within a memory cap, eager vs fxfuse (mode="memory"), float32 and
+    bf16 AMP: what `fxfuse bench --fit-cap` reports for float32, with AMP too."""
+    import torchvision
+
+    import fxfuse
+    from fxfuse.measure import fit as fitting
+
+    cap = int(args.cap_gib * 2**30)
+    rows = []
+    for name, make in (
+        ("resnet50", torchvision.models.resnet50),
+        ("efficientnet_b0", torchvision.models.efficientnet_b0),
+    ):
+        for amp in (False, True):
+            torch.manual_seed(0)
+            x = torch.randn(8, 3, 224, 224, device="cuda")
+            batches = {}
+            for label in ("eager", "fxfuse memory"):
+                model = make().cuda()
+                if label != "eager":
+                    model = fxfuse.optimize(model, (x,), mode="memory")
+                model = _Autocast(model) if amp else model
+                batches[label] = fitting.largest_batch(model, (x,), cap, how="measured")
+                del model
+                torch.cuda.empty_cache()
+            rows.append(
+                {
+                    "model": name,
+                    "amp": "bf16" if amp else "fp32",
+                    "cap GiB": args.cap_gib,
+                    "eager batch": batches["eager"],
+                    "fxfuse batch": batches["fxfuse memory"],
+                    "x": round(batches["fxfuse memory"] / max(batches["eager"], 1), 2),
+                }
+            )
+            print(rows[-1], flush=True)
+    _write(args.out, "fit", rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=("env", "exact", "autocast", "kernels", "step"))
+    parser.add_argument("section", choices=("env", "exact", "autocast", "kernels", "step", "fit"))
     parser.add_argument("--out", default="gpu-check-out")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--cap-gib", type=float, default=16.0, help="fit: the memory cap (GiB)")
     args = parser.parse_args()
     _require_gpu()
     globals()[args.section](args)

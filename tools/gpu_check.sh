@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # Everything a GPU run of fxfuse needs: `make gpu-check` or tools/gpu_check.sh [OUT] [PHASE...].
-# Phases (default: all, in this order): build tests exact autocast kernels step bench.
-# Each phase logs to OUT/PHASE.log; JSON tables land in OUT too. A CPU-only machine stops at once.
+# Phases (default: all, in this order), each one command of under 10 minutes on an H100:
+#   build         the extension with its CUDA kernels (FXFUSE_CUDA=1)
+#   env           device, driver, CUDA / cuDNN, peak memory bandwidth, whether the CUDA kernels registered
+#   tests         tests/test_cuda.py: every op family vs eager CUDA, shapes up to > 2^31 elements,
+#                 every output mask, channels_last, training step, autocast, timing, fit
+#   exact         float64 assert_equivalent on resnet50, efficientnet_b0, convnext_tiny, vit_b_16 (+ timm)
+#   autocast      bf16 and fp16 autocast training gradients vs eager autocast, both vs float64
+#   kernels       GB/s of the CUDA bn_act kernels against the device's bandwidth and a copy
+#   step          ResNet-50 / EfficientNet-B0 batch 64 train steps, fp32 and bf16 AMP: saved, peak, time
+#   fit           largest batch within a 16 GiB cap, eager vs fxfuse, fp32 and bf16 AMP
+#   bench         fxfuse bench --device cuda --fit-cap: ResNet-50 batch 64 fp32
+#   bench-effnet  the same for EfficientNet-B0
+# Each phase logs to OUT/PHASE.log; its tables land in OUT as JSON and markdown (the README's GPU
+# tables). A CPU-only machine stops at once with one line.
 set -uo pipefail
 OUT=${1:-gpu-check-out}
 shift || true
-PHASES=${*:-build tests exact autocast kernels step bench}
+PHASES=${*:-build env tests exact autocast kernels step fit bench bench-effnet}
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   echo "gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check on this machine"
@@ -18,9 +30,12 @@ for phase in $PHASES; do
   case $phase in
     build) FXFUSE_CUDA=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
              "$PY" setup.py build_ext --inplace >"$OUT/build.log" 2>&1 ;;
-    tests) "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py >"$OUT/tests.log" 2>&1 ;;
+    tests) "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py >"$OUT/tests.log" 2>&1 ;;
     bench) "$PY" -m fxfuse bench torchvision:resnet50 --input-shape 64,3,224,224 --device cuda --modes memory \
              --budget 0.5 --repeats 10 --fit-cap 16GiB --fit-by measured --json >"$OUT/bench.json" 2>"$OUT/bench.log" ;;
+    bench-effnet) "$PY" -m fxfuse bench torchvision:efficientnet_b0 --input-shape 64,3,224,224 --device cuda \
+             --modes memory --budget 0.5 --repeats 10 --fit-cap 16GiB --fit-by measured --json \
+             >"$OUT/bench-effnet.json" 2>"$OUT/bench-effnet.log" ;;
     *) "$PY" tools/gpu_check.py "$phase" --out "$OUT" >"$OUT/$phase.log" 2>&1 ;;
   esac
   rc=$?

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import fxfuse.ops as fo
 from fxfuse.measure.memory import _allocator_deltas
@@ -65,6 +66,30 @@ def measure_call(fn: Callable[[], object]) -> int:
     return peak
 
 
+class EveryFamily(nn.Module):
+    """A model with every op family fxfuse rewrites under mode="memory": conv_bn_act, bn_act_conv
+    with an epilogue, conv_layer_norm_linear, act_linear_scale, conv_act, batch_norm_act,
+    linear_act / act_linear (tests/test_generic_path.py, tests/test_cuda.py)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.bn1, self.conv1, self.bn2 = nn.BatchNorm2d(c), nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.dw, self.ln = nn.Conv2d(c, c, 7, padding=3, groups=c), nn.LayerNorm(c)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+        self.conv3, self.bn3 = nn.Conv2d(c, c, 1), nn.BatchNorm2d(c)
+        self.head1, self.head2 = nn.Linear(c, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = F.relu(self.bn0(self.stem(x)))
+        y = F.gelu(self.bn2(self.conv1(F.silu(self.bn1(x)))))
+        h = self.fc2(F.gelu(self.fc1(self.ln(self.dw(y).permute(0, 2, 3, 1)))))
+        y = y + (h * self.gamma).permute(0, 3, 1, 2)
+        y = F.relu6(self.bn3(F.hardswish(self.conv3(y))))
+        return self.head2(F.gelu(self.head1(y.mean((2, 3)))))
+
+
 def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().requires_grad_()
 
@@ -80,13 +105,16 @@ class StepCase:
     dy: torch.Tensor
 
 
-def step_cases(dtype: torch.dtype = torch.float32, channels_last: bool = False, size: int = 16) -> list[StepCase]:
-    """The op families at a ResNet/ConvNeXt-like shape scaled by `size` (the spatial extent)."""
+def step_cases(
+    dtype: torch.dtype = torch.float32, channels_last: bool = False, size: int = 16, device: torch.device = CPU
+) -> list[StepCase]:
+    """The op families at a ResNet/ConvNeXt-like shape scaled by `size` (the spatial extent), on
+    `device` (tests/test_cuda.py runs them against eager on CUDA)."""
     g = torch.Generator().manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
 
     def randn(*shape, scale=1.0):
-        return torch.randn(*shape, generator=g, dtype=torch.float64).mul(scale).to(dtype)
+        return torch.randn(*shape, generator=g, dtype=torch.float64).mul(scale).to(device, dtype)
 
     N, C = 4, 32
     x = _leaf(randn(N, C, size, size).contiguous(memory_format=fmt))
@@ -95,8 +123,8 @@ def step_cases(dtype: torch.dtype = torch.float32, channels_last: bool = False, 
     bn_w, bn_b = _leaf(randn(C).abs() + 0.5), _leaf(randn(C, scale=0.1))
     bn2_w, bn2_b = _leaf(randn(C).abs() + 0.5), _leaf(randn(C, scale=0.1))
     conv_b = _leaf(randn(C, scale=0.1))
-    stats = [torch.zeros(C, dtype=dtype), torch.ones(C, dtype=dtype)]
-    stats2 = [torch.zeros(C, dtype=dtype), torch.ones(C, dtype=dtype)]
+    stats = [torch.zeros(C, dtype=dtype, device=device), torch.ones(C, dtype=dtype, device=device)]
+    stats2 = [torch.zeros(C, dtype=dtype, device=device), torch.ones(C, dtype=dtype, device=device)]
     tokens = _leaf(randn(N, size * size, C))
     fc1, fc1_b = _leaf(randn(4 * C, C, scale=0.1)), _leaf(randn(4 * C, scale=0.1))
     fc2, fc2_b = _leaf(randn(C, 4 * C, scale=0.1)), _leaf(randn(C, scale=0.1))
@@ -210,7 +238,7 @@ def step_cases(dtype: torch.dtype = torch.float32, channels_last: bool = False, 
     out = []
     for name, fused, eager, leaves in cases:
         with torch.no_grad():
-            dy = torch.randn(eager().shape, generator=g, dtype=torch.float64).to(dtype)
+            dy = torch.randn(eager().shape, generator=g, dtype=torch.float64).to(device, dtype)
         out.append(StepCase(name, fused, eager, leaves, dy))
     return out
 

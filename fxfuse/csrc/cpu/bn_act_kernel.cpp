@@ -381,8 +381,9 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_cpu_(
   // backward_into reads grad_out through a view in the input's dtype and layout; writing
   // grad_input over grad_out is safe when that view is grad_out itself (the reductions
   // finish before the last pass, which reads each element before writing it).
-  // Otherwise: bn_act_backward, then a copy.
-  if (generic_path()) {
+  // Otherwise: bn_act_backward, then a copy. Other dtypes than float / double: the generic
+  // form, which writes over grad_out itself where it can.
+  if (generic_path() || !fast_dtype(input.scalar_type())) {
     return bn_act_backward_into_grad_generic_(
         grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
         output_mask);

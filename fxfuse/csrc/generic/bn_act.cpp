@@ -3,31 +3,34 @@
 // kernel (and CPU under generic_path.h's switch); it is also the C++ reference for the
 // CPU and CUDA kernels.
 //
-// Lean by construction: each op is ATen's own fused batch-norm kernels plus the
-// activation, in the order eager runs them, so no call holds more activation-sized
-// temporaries than eager's F.batch_norm -> activation does:
+// Lean by construction: no call holds more activation-sized buffers than eager's
+// F.batch_norm -> activation does for the same work (tests/test_generic_path.py measures it):
 //  * bn_stats: batch_norm_update_stats (ATen's per-channel reduction, float accumulation
 //    for half / bfloat16 without a float copy of the input);
-//  * bn_act (and bn_act_ over its input): native_batch_norm in evaluation form with the
-//    given statistics as the running ones, written into the output, then the activation in
-//    place: one activation-sized buffer, the output;
-//  * bn_act_backward: the pre-activation z (one buffer), the activation's backward g written
-//    over z (or over grad_out in bn_act_backward_into_grad_), then
-//    native_batch_norm_backward from g: eager's g and grad_input at most. The in-place forms
-//    copy grad_input over their destination.
+//  * bn_act (and bn_act_ over its input): ATen's batch-norm apply with eager's training
+//    coefficients (affine_into), written into the output, then the activation in place: one
+//    activation-sized buffer, the output;
+//  * bn_act_backward: two passes over memory, see backward(): the pre-activation's buffer,
+//    which takes g, and the destination (none in the in-place forms, which write over the
+//    input or grad_out); half / bfloat16 take ATen's backward for grad_input, as eager.
 // Half / bfloat16 round z and g to the input dtype as eager does; ATen's kernels do
 // their arithmetic and reductions in float.
 #include <ATen/MemoryOverlap.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/batch_norm_update_stats.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/native_batch_norm_backward.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/sub.h>
 #include <ATen/ops/var_mean.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
+
+#include <tuple>
 
 #include "../activation_ops.h"
 #include "../bn_act.h"
@@ -54,29 +57,63 @@ OptTensor in_dtype(const OptTensor& t, at::ScalarType sd) {
   return checks::given(t) ? OptTensor(t->to(sd)) : std::nullopt;
 }
 
+// invstd = 1 / sqrt(var + eps) as eager's training batch_norm computes it on the device:
+// on CPU in double, rounded once to the statistics dtype (ATen's InvStd<T> with its double
+// epsilon), elsewhere in the statistics dtype (CUDA's InvStd<accscalar_t>); 0 where
+// var + eps == 0, as InvStd gives. Eager's evaluation form (1 / sqrt(var + eps) in float on
+// CPU) can differ in the last bit; like the CPU kernels, every call uses this one.
+at::Tensor training_invstd(const at::Tensor& var, double eps) {
+  const at::Tensor v = var.device().is_cpu() ? var.to(at::kDouble) : var;
+  at::Tensor invstd = (v + eps).sqrt_().reciprocal_();
+  if (eps == 0) invstd.masked_fill_(v == 0, 0);
+  return invstd.to(var.scalar_type());
+}
+
+// out = (t - center) * scale + shift per channel (shift 0 when absent), through ATen's
+// batch-norm apply in evaluation form with var 1 and eps 0 (its invstd 1 / sqrt(1) is
+// exactly 1, so its coefficients are scale and shift - center * scale, as eager's
+// training batch_norm forms them): one rounding to t's dtype, float arithmetic for half /
+// bfloat16 with float coefficients and no float copy of t (CPU's elementwise ops copy
+// mixed-dtype operands). `out` may be t (each element is read before it is written). The
+// per-channel vectors are in the statistics dtype.
+void affine_into(
+    const at::Tensor& t, const at::Tensor& center, const at::Tensor& scale, const OptTensor& shift,
+    at::Tensor& out) {
+  if (!out.is_same(t) && out.strides() != t.strides()) {
+    // ATen's CPU apply writes `out` in t's element order (wrong values under its DEFAULT
+    // capability when the layouts differ): copy, then apply in place.
+    out.copy_(t);
+    affine_into(out, center, scale, shift, out);
+    return;
+  }
+  const auto opts = scale.options();
+  at::Tensor save_mean = at::empty({0}, opts), save_invstd = at::empty({0}, opts);
+  at::native_batch_norm_out(
+      out, save_mean, save_invstd, t, scale, shift, center, at::ones_like(scale),
+      /*training=*/false, /*momentum=*/0.0, /*eps=*/0.0);
+}
+
 // act(batch_norm_apply(input)) into `out`, a tensor of the input's size: a fresh one, or
 // the input itself (the apply reads each element before writing it, and the activation
-// runs in place).
+// runs in place). mean, invstd, weight and bias are in the statistics dtype; eager's
+// training batch_norm's z = x * alpha + beta (alpha = invstd * weight,
+// beta = bias - mean * alpha) on CPU, bit for bit.
+void forward_into(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+    const OptTensor& weight, const OptTensor& bias, Act a, double act_param, at::Tensor& out) {
+  if (input.numel() == 0) return;  // ATen's kernels divide by the element count
+  affine_into(input, mean, checks::given(weight) ? invstd * *weight : invstd, bias, out);
+  act_forward_(out, a, act_param);
+}
+
 void forward_into(
     const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var,
     const OptTensor& weight, const OptTensor& bias, double eps, Act a, double act_param,
     at::Tensor& out) {
-  if (input.numel() == 0) return;  // ATen's kernels divide by the element count
   const auto sd = stats_dtype(input.scalar_type());
-  const auto opts = input.options().dtype(sd);
-  at::Tensor save_mean = at::empty({0}, opts), save_invstd = at::empty({0}, opts);
-  at::native_batch_norm_out(
-      out, save_mean, save_invstd, input, in_dtype(weight, sd), in_dtype(bias, sd), mean.to(sd),
-      var.to(sd), /*training=*/false, /*momentum=*/0.0, eps);
-  act_forward_(out, a, act_param);
-}
-
-// Give `result` the layout at::empty_like(like) has, as the fake kernels promise.
-at::Tensor match_layout(const at::Tensor& result, const at::Tensor& like) {
-  if (result.scalar_type() == like.scalar_type() && result.strides() == like.strides()) return result;
-  at::Tensor out = at::empty_like(like);
-  out.copy_(result);
-  return out;
+  forward_into(
+      input, mean.to(sd), training_invstd(var.to(sd), eps), in_dtype(weight, sd), in_dtype(bias, sd), a,
+      act_param, out);
 }
 
 }  // namespace
@@ -110,41 +147,102 @@ at::Tensor bn_act_generic(
 
 namespace {
 
-// bn_act_backward's gradients. g (the activation's backward) goes over the pre-activation
-// z's buffer, or over grad_out itself when `g_over_grad_out` (grad_out is the caller's to
-// overwrite, in the input's dtype): one activation-sized buffer fewer than eager's g.
+// Where bn_act_backward's grad_input goes: a fresh tensor, over the input
+// (bn_act_backward_) or over grad_out (bn_act_backward_into_grad_).
+enum class Dest { Fresh, Input, GradOut };
+
+// Contiguous or channels_last: ATen's batch-norm apply takes other kernels (other bits) for
+// other strides, so the backward writes over such tensors only.
+bool dense(const at::Tensor& t) {
+  return t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+// bn_act_backward in two passes over memory, each no larger than eager's:
+//  1. g = dy * act'(z) (z recomputed), written over z's buffer or over grad_out, and its
+//     per-channel sums sum(g) and sum(g * xhat) by native_batch_norm_backward without
+//     grad_input (ATen's reduction: eager's grad_weight and grad_bias for eager's g,
+//     no activation-sized temporary);
+//  2. grad_input = (g + u) * invstd * weight, u = -(x - mean) * k - mean(g),
+//     k = mean(g * xhat) * invstd (eager's formula, regrouped), in elementwise passes over
+//     the destination (x - mean; u; g + u, then the scale in place); float32 / float64 only.
+// Peak: z's buffer and the destination (eager: g, grad_input and the temporary its
+// native_batch_norm_backward allocates); the in-place forms need z's buffer only.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
     const at::Tensor& var, const OptTensor& weight, const OptTensor& bias, double eps, Act a,
-    double act_param, bool batch_stats, std::array<bool, 3> output_mask, bool g_over_grad_out) {
+    double act_param, bool batch_stats, std::array<bool, 3> output_mask, Dest dest) {
+  const bool need_input = output_mask[0];
   const bool need_weight = output_mask[1] && checks::given(weight);
   const bool need_bias = output_mask[2] && checks::given(bias);
-  if (!output_mask[0] && !need_weight && !need_bias) return {};
-  const auto sd = stats_dtype(input.scalar_type());
+  if (!need_input && !need_weight && !need_bias) return {};
   if (input.numel() == 0) {  // sums over no element (ATen's kernels divide by the count)
-    return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
+    return {need_input && dest == Dest::Fresh ? at::empty_like(input) : at::Tensor(),
             need_weight ? at::zeros_like(*weight) : at::Tensor(),
             need_bias ? at::zeros_like(*bias) : at::Tensor()};
   }
-  // g = dy * act'(z): the gradient reaching batch norm's output, in the input dtype.
-  at::Tensor g = grad_out.to(input.scalar_type());
+  const auto sd = stats_dtype(input.scalar_type());
+  const at::Tensor m = mean.to(sd), invstd = training_invstd(var.to(sd), eps);
+  const OptTensor w = in_dtype(weight, sd), b = in_dtype(bias, sd);
+  // Where grad_input is computed: over the input or grad_out, unless their dtype or strides
+  // would change the bits; then in a fresh tensor, copied over them at the end.
+  const bool over_input = dest == Dest::Input && dense(input);
+  const bool over_grad_out = dest == Dest::GradOut && dense(input) && !grad_out.is_same(input) &&
+      grad_out.scalar_type() == input.scalar_type() && grad_out.strides() == input.strides();
+
+  // Half / bfloat16 take grad_input from ATen's backward (below), the others step 2.
+  const bool two_pass = !at::isReducedFloatingType(input.scalar_type());
+  // g, in the input dtype: over grad_out when it is the destination or a converted copy, over
+  // z's buffer when grad_out has the input's strides, else where ATen's activation backward
+  // puts it (eager's g: some follow the gradient's strides, some z's), as
+  // native_batch_norm_backward's reduction takes its path, and its bits, from them
+  // (channels_last: float sums; mixed layouts: double). `spare` keeps z's buffer for u when g
+  // lies in the destination.
+  at::Tensor g = grad_out.to(input.scalar_type()), spare;
   if (a != Act::None) {
     at::Tensor z = at::empty_like(input);
-    forward_into(input, mean, var, weight, bias, eps, Act::None, 0.0, z);
-    at::Tensor dst = g_over_grad_out ? g : z;
-    act_backward_into(dst, g, z, a, act_param);
-    g = dst;
-  }  // z is freed here unless it holds g
-  const at::Tensor m = mean.to(sd), v = var.to(sd);
-  const at::Tensor invstd = (v + eps).rsqrt();
-  auto [grad_input, grad_weight, grad_bias] = at::native_batch_norm_backward(
-      g, input, in_dtype(weight, sd), m, v, m, invstd, batch_stats, eps,
-      {output_mask[0], need_weight, need_bias});
-  g.reset();
-  if (grad_input.defined()) grad_input = match_layout(grad_input, input);
-  grad_weight = need_weight ? grad_weight.to(weight->scalar_type()) : at::Tensor();
-  grad_bias = need_bias ? grad_bias.to(bias->scalar_type()) : at::Tensor();
-  return {grad_input, grad_weight, grad_bias};
+    forward_into(input, m, invstd, w, b, Act::None, 0.0, z);
+    if (over_grad_out || !g.is_same(grad_out) || g.strides() == z.strides()) {
+      at::Tensor dst = over_grad_out || !g.is_same(grad_out) ? g : z;
+      act_backward_into(dst, g, z, a, act_param);
+      g = dst;
+    } else {
+      g = act_backward(g, z, a, act_param);
+    }
+    if (over_grad_out && batch_stats && two_pass) spare = z;
+  }  // z is freed here unless it holds g or is spare
+  const bool need_sums = need_weight || need_bias || (need_input && batch_stats);
+  at::Tensor grad_input, sum_gxhat, sum_g;
+  if (need_input && batch_stats && !two_pass) {
+    // Half / bfloat16: each pass of step 2 would round to the input dtype; ATen's backward
+    // rounds grad_input once, from float arithmetic (eager's bits), and holds g, grad_input
+    // and one temporary, as eager's does.
+    std::tie(grad_input, sum_gxhat, sum_g) = at::native_batch_norm_backward(
+        g, input, w, std::nullopt, std::nullopt, m, invstd, /*train=*/true, eps, {true, true, true});
+  } else if (need_sums) {
+    std::tie(std::ignore, sum_gxhat, sum_g) = at::native_batch_norm_backward(
+        g, input, w, std::nullopt, std::nullopt, m, invstd, /*train=*/true, eps, {false, true, true});
+  }
+  if (need_input && !grad_input.defined()) {
+    grad_input = over_input ? input : over_grad_out ? grad_out : at::empty_like(input);
+    const at::Tensor scale = w ? invstd * *w : invstd;
+    const at::Tensor zero = at::zeros_like(m);
+    if (batch_stats) {
+      const double M = static_cast<double>(input.numel() / input.size(1));
+      const at::Tensor neg_k = sum_gxhat * invstd / -M, neg_mean_g = sum_g / -M;
+      // u over the destination, or over a spare buffer when g is there
+      at::Tensor u = over_grad_out ? (spare.defined() ? spare : at::empty_like(input)) : grad_input;
+      at::sub_out(u, input, m.reshape({1, -1, 1, 1}));
+      affine_into(u, zero, neg_k, neg_mean_g, u);
+      at::add_out(grad_input, g, u);
+      affine_into(grad_input, zero, scale, std::nullopt, grad_input);
+    } else {
+      affine_into(g, zero, scale, std::nullopt, grad_input);
+    }
+  }
+  if (need_input && dest == Dest::Input && !grad_input.is_same(input)) input.copy_(grad_input);
+  if (need_input && dest == Dest::GradOut && !grad_input.is_same(grad_out)) grad_out.copy_(grad_input);
+  return {grad_input, need_weight ? sum_gxhat.to(weight->scalar_type()) : at::Tensor(),
+          need_bias ? sum_g.to(bias->scalar_type()) : at::Tensor()};
 }
 
 }  // namespace
@@ -157,7 +255,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_generic(
   checks::bn_args(input, mean, var, weight, bias, "bn_act_backward");
   return backward(
       grad_out, input, mean, var, weight, bias, eps, parse_act(act), act_param, batch_stats,
-      output_mask, /*g_over_grad_out=*/false);
+      output_mask, Dest::Fresh);
 }
 
 void bn_act_generic_(
@@ -184,8 +282,7 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_generic_(
   checks::bn_args(input, mean, var, weight, bias, "bn_act_backward_");
   auto [grad_input, grad_weight, grad_bias] = backward(
       grad_out, input, mean, var, weight, bias, eps, parse_act(act), act_param, batch_stats,
-      {true, output_mask[0], output_mask[1]}, /*g_over_grad_out=*/false);
-  input.copy_(grad_input);
+      {true, output_mask[0], output_mask[1]}, Dest::Input);
   return {grad_weight, grad_bias};
 }
 
@@ -198,9 +295,7 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_generic_(
   at::assert_no_partial_overlap(grad_out, input);
   auto [grad_input, grad_weight, grad_bias] = backward(
       grad_out, input, mean, var, weight, bias, eps, parse_act(act), act_param, batch_stats,
-      {true, output_mask[0], output_mask[1]},
-      /*g_over_grad_out=*/grad_out.scalar_type() == input.scalar_type() && !grad_out.is_same(input));
-  grad_out.copy_(grad_input);
+      {true, output_mask[0], output_mask[1]}, Dest::GradOut);
   return {grad_weight, grad_bias};
 }
 
