@@ -2,7 +2,8 @@
 
 Each family module (`batch_norm`, `convolution`, `conv_batch_norm`, `batch_norm_conv`,
 `layer_activation`, `norm_linear`, `gelu_activation`) holds its wrappers with eager semantics and eager fallback, its
-fake kernels and its autograd formulas; `checks` holds what they share, and `activations`
+fake kernels and its autograd formulas; `cat_input` the variants of three of them that take
+their input's concatenated pieces and keep those instead; `checks` holds what they share, and `activations`
 the registry of the activations they apply. Importing
 this package loads fxfuse._C (which defines the schemas and the CPU and
 device-generic kernels) and then registers every family's fake kernels and autograd.
@@ -16,6 +17,7 @@ from . import (
     activations,
     batch_norm,
     batch_norm_conv,
+    cat_input,
     compiled,
     conv_batch_norm,
     conv_norm_linear,
@@ -29,6 +31,7 @@ from . import (
 from .activations import ACTIVATIONS
 from .batch_norm import batch_norm_act
 from .batch_norm_conv import bn_act_conv
+from .cat_input import cat_batch_norm_act, cat_bn_act_conv, cat_conv_bn_act
 from .conv_batch_norm import conv_bn_act
 from .conv_norm_linear import conv_layer_norm_linear
 from .convolution import conv2d
@@ -50,6 +53,7 @@ if _extension.loaded():
     )
     for _family in _FAMILIES:
         _family.register()
+    cat_input.register()  # on the families' autograd: cat_batch_norm_act, cat_conv_bn_act, cat_bn_act_conv
     flops.register()
 
 __all__ = [
@@ -59,6 +63,9 @@ __all__ = [
     "activations",
     "batch_norm_act",
     "bn_act_conv",
+    "cat_batch_norm_act",
+    "cat_bn_act_conv",
+    "cat_conv_bn_act",
     "compiled",
     "conv2d",
     "conv_act",
