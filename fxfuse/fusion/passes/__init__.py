@@ -10,7 +10,9 @@ LayerNorm into the Linear after it (in mode="memory" `conv_norm_linear` first ta
 → LayerNorm → Linear, recomputing the conv), `layer_scale` a per-feature scale (LayerScale) into the
 Linear before it. `bn_act_conv` merges a rewritten BN→activation
 site into the conv after it (crediting the BN site's report entry); `depthwise_conv` then gives the large-kernel
-depthwise convs left over fxfuse's conv backward (time, not memory); `inplace_add`
+depthwise convs left over fxfuse's conv backward (time, not memory); `cat_input` then has a fused op
+whose input is a concatenation keep its pieces instead, where those are kept anyway (it needs every
+fused op in place to know what is kept); `inplace_add`
 rewrites through `replace_chain` too, but reports no sites (it saves an allocation,
 not memory).
 """
@@ -21,6 +23,7 @@ from . import (
     act_linear,
     bn_act,
     bn_act_conv,
+    cat_input,
     conv_bn_act,
     conv_norm_linear,
     depthwise_conv,
@@ -43,6 +46,7 @@ PASSES = (
     gelu.PASS,
     bn_act_conv.run,
     depthwise_conv.PASS,
+    cat_input.run,
     inplace_add.run,
 )
 
