@@ -1,4 +1,4 @@
-"""fxfuse.ops.cat_input: batch_norm_act, conv_bn_act and bn_act_conv on `torch.cat(pieces, 1)`,
+"""fxfuse.ops.cat_input: batch_norm_act, conv_bn_act, bn_act_conv and conv2d on `torch.cat(pieces, 1)`,
 keeping the pieces for backward instead of their concatenation (fxfuse::cat_*)."""
 
 import itertools
@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fxfuse.ops import cat_batch_norm_act, cat_bn_act_conv, cat_conv_bn_act
+from fxfuse.ops import cat_batch_norm_act, cat_bn_act_conv, cat_conv2d, cat_conv_bn_act
 from fxfuse.ops.checks import apply_activation
 
 F64 = torch.float64
 FORMATS = [torch.contiguous_format, torch.channels_last]
 CHANNELS = (2, 3, 1)  # pieces of different channel counts; 6 in all
-OPS = ("batch_norm_act", "conv_bn_act", "bn_act_conv", "bn_act_conv_epilogue")
+OPS = ("batch_norm_act", "conv_bn_act", "bn_act_conv", "bn_act_conv_epilogue", "conv2d")
 
 
 def _case(op, dtype=F64, fmt=torch.contiguous_format, channels=CHANNELS, seed=0):
@@ -45,6 +45,10 @@ def _call(op, fused, pieces, p, stats, training):
             return cat_batch_norm_act(pieces, in_rm, in_rv, p["in_weight"], p["in_bias"], training, 0.1, 1e-5, "relu")
         x = torch.cat(pieces, 1)
         return F.relu(F.batch_norm(x, in_rm, in_rv, p["in_weight"], p["in_bias"], training, 0.1, 1e-5))
+    if op == "conv2d":
+        if fused:
+            return cat_conv2d(pieces, p["weight"], p["bias"], (1, 2), 1, 1, 1)
+        return F.conv2d(torch.cat(pieces, 1), p["weight"], p["bias"], (1, 2), 1, 1, 1)
     if op == "conv_bn_act":
         if fused:
             return cat_conv_bn_act(
@@ -125,7 +129,7 @@ def test_single_piece(op):
     _assert_same(op, _case(op, fmt=torch.channels_last, channels=(6,)), True)
 
 
-@pytest.mark.parametrize("op", ["batch_norm_act", "conv_bn_act", "bn_act_conv"])
+@pytest.mark.parametrize("op", ["batch_norm_act", "conv_bn_act", "bn_act_conv", "conv2d"])
 def test_the_pieces_are_saved_and_not_the_concatenation(op):
     """Through save_for_backward: saved-tensor hooks see each piece, and nothing of the input's size."""
     pieces, _, _ = case = _case(op, dtype=torch.float32)
@@ -204,23 +208,25 @@ def test_pieces_of_another_dtype_are_promoted_as_eager_promotes_them():
     _assert_same("bn_act_conv", (pieces, params, stats), True)
 
 
-def test_autocast_runs_the_base_op_on_the_concatenation():
-    """Under autocast conv_bn_act keeps its cast input: the pieces are not used, and it computes what eager does."""
-    pieces, params, stats = _case("conv_bn_act", dtype=torch.float32, fmt=torch.channels_last)
+@pytest.mark.parametrize("op", ["conv_bn_act", "conv2d"])
+def test_autocast_runs_the_base_op_on_the_concatenation(op):
+    """Under autocast the conv keeps its cast input: the pieces are not used, and it computes what eager does."""
+    pieces, params, stats = _case(op, dtype=torch.float32, fmt=torch.channels_last)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = _call("conv_bn_act", True, pieces, params, [t.clone() for t in stats], True)
-        ref = _call("conv_bn_act", False, pieces, params, [t.clone() for t in stats], True)
+        out = _call(op, True, pieces, params, [t.clone() for t in stats], True)
+        ref = _call(op, False, pieces, params, [t.clone() for t in stats], True)
     assert out.dtype == ref.dtype == torch.bfloat16
     torch.testing.assert_close(out, ref)
 
 
-@pytest.mark.parametrize("op", ["batch_norm_act", "conv_bn_act", "bn_act_conv"])
+@pytest.mark.parametrize("op", ["batch_norm_act", "conv_bn_act", "bn_act_conv", "conv2d"])
 def test_opcheck(op):
     pieces, p, (in_rm, in_rv, rm, rv) = _case(op, fmt=torch.channels_last)
     pieces = [t.requires_grad_() for t in pieces]
     x = torch.cat(pieces, 1).detach()
     rest = {
         "batch_norm_act": (p["in_weight"], p["in_bias"], in_rm, in_rv, True, 1e-5, "relu", 0.0),
+        "conv2d": (p["weight"].requires_grad_(), p["bias"], [1, 1], [1, 1], [1, 1], 1),
         "conv_bn_act": (
             p["weight"].requires_grad_(), p["bias"], [1, 1], [1, 1], [1, 1], 1, p["bn_weight"], p["bn_bias"], rm, rv,
             True, 1e-3, "silu", 0.0,

@@ -74,6 +74,19 @@ class CSP(nn.Module):
         return self.cv2(torch.cat(y, 1))
 
 
+class Dense(nn.Module):
+    """cat(x, conv(x)) → a plain conv, then BN → ReLU (what mode="memory" leaves of a CSP stage's end):
+    the input is kept anyway as a graph input."""
+
+    def __init__(self, c=3):
+        super().__init__()
+        self.a = nn.Conv2d(c, c, 3, padding=1)
+        self.conv, self.bn = nn.Conv2d(2 * c, 4, 1, bias=False), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(torch.cat([x, self.a(x)], 1)) * 2))
+
+
 class OtherDim(nn.Module):
     """A cat along the width, then BN → ReLU → conv: not the channels."""
 
@@ -176,6 +189,16 @@ def test_chunk_views_of_a_kept_tensor_are_kept_anyway():
     optimized = fxfuse.optimize(copy.deepcopy(model), x)
     (site,) = _cat_sites(optimized)
     assert site.op == "fxfuse::cat_conv_bn_act" and site.saved_bytes == 2 * 8 * 8 * 8 * 4  # the chunked half
+    assert_equivalent(model, optimized, x, steps=2, dtype=F64)
+
+
+def test_a_plain_conv_after_a_cat_keeps_the_pieces():
+    torch.manual_seed(0)
+    model = Dense().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    (site,) = _cat_sites(optimized)
+    assert site.op == "fxfuse::cat_conv2d" and site.merged_into == "conv" and site.saved_bytes == x.numel() * 4
     assert_equivalent(model, optimized, x, steps=2, dtype=F64)
 
 

@@ -151,10 +151,14 @@ def conv_act_module(x: Tensor, conv: nn.Conv2d, act: str, act_param: float) -> T
     return ops.conv_act(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, act, act_param)
 
 
-def conv2d_module(x: Tensor, conv: nn.Conv2d) -> Tensor:
-    """`conv(x)`, with fxfuse's conv backward (ops.conv2d)."""
+def conv2d_module(x: Tensor, conv: nn.Conv2d, pieces: Optional[list] = None) -> Tensor:
+    """`conv(x)`, with fxfuse's conv backward (ops.conv2d), keeping `x` (or `pieces`) for backward."""
+    given = x
     x, padding = _conv_input(x, conv)
-    return ops.conv2d(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
+    return ops.conv2d(
+        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
+        pieces=pieces if x is given else None,
+    )  # fmt: skip
 
 
 def linear_act_module(x: Tensor, linear: nn.Linear, act: str, act_param: float) -> Tensor:

@@ -2,7 +2,7 @@
 
 Each family module (`batch_norm`, `convolution`, `conv_batch_norm`, `batch_norm_conv`,
 `layer_activation`, `norm_linear`, `gelu_activation`) holds its wrappers with eager semantics and eager fallback, its
-fake kernels and its autograd formulas; `cat_input` the variants of three of them that take
+fake kernels and its autograd formulas; `cat_input` the variants of four of their ops that take
 their input's concatenated pieces and keep those instead; `checks` holds what they share, and `activations`
 the registry of the activations they apply. Importing
 this package loads fxfuse._C (which defines the schemas and the CPU and
@@ -31,7 +31,7 @@ from . import (
 from .activations import ACTIVATIONS
 from .batch_norm import batch_norm_act
 from .batch_norm_conv import bn_act_conv
-from .cat_input import cat_batch_norm_act, cat_bn_act_conv, cat_conv_bn_act
+from .cat_input import cat_batch_norm_act, cat_bn_act_conv, cat_conv2d, cat_conv_bn_act
 from .conv_batch_norm import conv_bn_act
 from .conv_norm_linear import conv_layer_norm_linear
 from .convolution import conv2d
@@ -53,7 +53,7 @@ if _extension.loaded():
     )
     for _family in _FAMILIES:
         _family.register()
-    cat_input.register()  # on the families' autograd: cat_batch_norm_act, cat_conv_bn_act, cat_bn_act_conv
+    cat_input.register()  # on the families' autograd: the cat_ variants of four of their ops
     flops.register()
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "bn_act_conv",
     "cat_batch_norm_act",
     "cat_bn_act_conv",
+    "cat_conv2d",
     "cat_conv_bn_act",
     "compiled",
     "conv2d",

@@ -1,6 +1,6 @@
-"""Concatenations rebuilt in backward: fxfuse::cat_batch_norm_act, cat_conv_bn_act, cat_bn_act_conv.
+"""Concatenations rebuilt in backward: fxfuse::cat_batch_norm_act, cat_conv_bn_act, cat_bn_act_conv, cat_conv2d.
 
-`batch_norm_act`, `conv_bn_act` and `bn_act_conv` keep their input for backward. Where that
+`batch_norm_act`, `conv_bn_act`, `bn_act_conv` and `conv2d` keep their input for backward. Where that
 input is `torch.cat(pieces, 1)`, they keep a fresh copy of tensors that are often kept anyway: a
 DenseNet layer's input is the concatenation of every earlier layer's output, so each layer keeps
 its own copy of them all. `cat_<op>` is `<op>` with the pieces kept instead (Pleiss et al.'s
@@ -31,18 +31,28 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import batch_norm, batch_norm_conv, conv_batch_norm
+from . import batch_norm, batch_norm_conv, conv_batch_norm, convolution
 from .batch_norm import batch_norm_act
 from .batch_norm_conv import bn_act_conv
 from .conv_batch_norm import conv_bn_act
+from .convolution import conv2d
 
-__all__ = ["BASES", "cat_batch_norm_act", "cat_bn_act_conv", "cat_conv_bn_act", "cat_grads", "check_pieces"]
+__all__ = [
+    "BASES",
+    "cat_batch_norm_act",
+    "cat_bn_act_conv",
+    "cat_conv2d",
+    "cat_conv_bn_act",
+    "cat_grads",
+    "check_pieces",
+]
 
 # The ops that have a cat_ variant: (setup_context, backward) of their registered autograd.
 BASES: dict[str, tuple[Callable, Callable]] = {
     "batch_norm_act": (batch_norm._batch_norm_act_setup, batch_norm._batch_norm_act_bwd),
     "conv_bn_act": (conv_batch_norm._setup, conv_batch_norm._backward),
     "bn_act_conv": (batch_norm_conv._setup, batch_norm_conv._backward),
+    "conv2d": (convolution._setup, convolution._backward),
 }
 
 _LIB = torch.library.Library("fxfuse", "FRAGMENT")
@@ -61,6 +71,11 @@ def cat_conv_bn_act(pieces: Sequence[Tensor], *args, **kwargs) -> Tensor:
 def cat_bn_act_conv(pieces: Sequence[Tensor], *args, **kwargs) -> Tensor:
     """`bn_act_conv(torch.cat(pieces, 1), ...)`, keeping `pieces` for backward instead of their concatenation."""
     return bn_act_conv(torch.cat(pieces, 1), *args, pieces=pieces, **kwargs)
+
+
+def cat_conv2d(pieces: Sequence[Tensor], *args, **kwargs) -> Tensor:
+    """`conv2d(torch.cat(pieces, 1), ...)`, keeping `pieces` for backward instead of their concatenation."""
+    return conv2d(torch.cat(pieces, 1), *args, pieces=pieces, **kwargs)
 
 
 def check_pieces(pieces: Sequence[Tensor], input: Tensor) -> None:

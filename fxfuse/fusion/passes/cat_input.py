@@ -1,10 +1,12 @@
 """torch.cat(pieces, 1) → fused op  ⇒  the fused op keeps the pieces, and backward rebuilds the cat.
 
-Runs after the fusing passes and `bn_act_conv`, in mode "memory" (and so under mode="auto" and
-the budgets, which choose among its sites): a `torch.cat` / `torch.concat` along dim 1 whose only
-user is a fused op that keeps its input for backward (BN→act, Conv→BN→act, BN→act→conv) gets
-`pieces=` on that call, so the op keeps the pieces in place of the concatenation
-(fxfuse::cat_*, ops/cat_input.py) and backward concatenates them again: a memory copy, no FLOPs.
+Runs last but `inplace_add`, in mode "memory" (so under mode="auto" and the budgets too: its sites
+are not ranked, they are taken wherever they free bytes, since a copy costs far less per byte
+freed than any recompute the ranking offers). A `torch.cat` / `torch.concat` along dim 1 whose
+only user is a fused op that keeps its input for backward (BN→act, Conv→BN→act, BN→act→conv, or
+a plain Conv2d, which becomes `runtime.conv2d_module`) gets `pieces=` on that call, so the op
+keeps the pieces in place of the concatenation (fxfuse::cat_*, ops/cat_input.py) and backward
+concatenates them again: a memory copy, no FLOPs.
 
 It pays only where the pieces are kept anyway, so that keeping them costs nothing: a graph input
 or parameter, the input of a layer that keeps its input (a fused op, a conv, linear, BN or max
@@ -31,10 +33,12 @@ from torch import nn
 
 from ... import ops
 from .. import runtime, user_checkpoint
+from ..known_modules import is_conv2d_same
 from ..report import FusedSite, SkippedSite, format_bytes
 from . import estimates
 from .context import PassContext
-from .matchers import site_name
+from .matchers import conv_module_problem, site_name
+from .rewrite import replace_chain
 
 PATTERN = "cat→fused op"
 CATS = (torch.cat, torch.concat, torch.concatenate)
@@ -47,21 +51,21 @@ CONSUMERS = {
     runtime.conv2d_bn_module_act: "fxfuse::cat_conv_bn_act",
     runtime.conv_module_batch_norm_act: "fxfuse::cat_conv_bn_act",
     runtime.bn_act_conv_module: "fxfuse::cat_bn_act_conv",
+    runtime.conv2d_module: "fxfuse::cat_conv2d",
     ops.batch_norm_act: "fxfuse::cat_batch_norm_act",
     ops.conv_bn_act: "fxfuse::cat_conv_bn_act",
     ops.bn_act_conv: "fxfuse::cat_bn_act_conv",
+    ops.conv2d: "fxfuse::cat_conv2d",
 }
 
 # Other fused calls that keep their input (args[0] or kwargs["input"]) for backward.
 _KEEPERS = (
     runtime.conv_act_module,
-    runtime.conv2d_module,
     runtime.linear_act_module,
     runtime.act_linear_module,
     runtime.act_linear_scale_module,
     runtime.layer_norm_linear_module,
     ops.conv_act,
-    ops.conv2d,
     ops.linear_act,
     ops.act_linear,
     ops.act_linear_scale,
@@ -152,11 +156,27 @@ class _Candidate:
         self.roots = list(dict.fromkeys(_root(p) for p in pieces))
 
 
-def _consumer(cat: fx.Node) -> tuple[Optional[fx.Node], Optional[str]]:
+def _plain_conv(node: fx.Node, modules: dict) -> bool:
+    """A plain Conv2d module call that runtime.conv2d_module serves as is: zero padding given as numbers."""
+    conv = modules.get(node.target) if node.op == "call_module" else None
+    return (
+        isinstance(conv, nn.Conv2d)
+        and conv_module_problem(conv) is None
+        and not is_conv2d_same(conv)
+        and conv.padding_mode == "zeros"
+        and not isinstance(conv.padding, str)
+        and len(node.args) == 1
+        and not node.kwargs
+    )
+
+
+def _consumer(cat: fx.Node, modules: dict) -> tuple[Optional[fx.Node], Optional[str]]:
     users = list(cat.users)
     if len(users) != 1:
         return None, f"the concatenation has {len(users)} users: it is kept or read elsewhere"
     user = users[0]
+    if _plain_conv(user, modules):
+        return user, None
     if user.op != "call_function" or user.target not in CONSUMERS:
         return None, None  # not a fused op's input: nothing to report
     if _input_of(user) is not cat or cat in user.kwargs.get("pieces", ()) or "pieces" in user.kwargs:
@@ -192,7 +212,7 @@ def run(ctx: PassContext) -> int:
         pieces, problem = _cat_pieces(node)
         if pieces is None and problem is None:
             continue
-        consumer, user_problem = _consumer(node)
+        consumer, user_problem = _consumer(node, ctx.modules)
         if consumer is None and user_problem is None:
             continue  # not the input of a fused op that keeps it
         problem = problem or user_problem
@@ -247,6 +267,13 @@ def run(ctx: PassContext) -> int:
 
 
 def _rewrite(ctx: PassContext, c: _Candidate, freed: Optional[int]) -> None:
+    if c.consumer.op == "call_module":  # a plain Conv2d: fxfuse::conv2d, the same forward and saved tensors
+        conv, target = c.consumer, c.consumer.target
+        c.consumer = replace_chain(
+            ctx.graph, [conv], lambda: ctx.graph.call_function(runtime.conv2d_module, (c.cat, ctx.get_attr(target)))
+        )
+        if conv in ctx.shapes:
+            ctx.shapes[c.consumer] = ctx.shapes.pop(conv)
     c.consumer.kwargs = {**c.consumer.kwargs, "pieces": list(c.pieces)}
     op = CONSUMERS[c.consumer.target]
     cat_bytes = estimates.nbytes(ctx.shapes, c.cat)
