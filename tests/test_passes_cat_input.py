@@ -254,3 +254,24 @@ def test_memory_budget_counts_the_rebuilt_concatenations():
     assert report.budget_met and len(_cat_sites(optimized)) == 7
     assert saved_activation_bytes(optimized, (x,)) <= 0.6 * saved_activation_bytes(model, (x,))
     assert_equivalent(model, optimized, x, steps=1, dtype=F64)
+
+
+def test_torch_compile_traces_one_graph_and_trains_exactly():
+    """Dynamo traces the pieces through (no graph break); AOTAutograd uses the cat_ ops' fake kernels and
+    autograd, and the step gives eager's outputs, gradients and running statistics."""
+    torch.manual_seed(0)
+    model = small_densenet().to(F64)
+    x = torch.randn(2, 3, 32, 32, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    explanation = torch._dynamo.explain(copy.deepcopy(optimized))(x)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0)
+    compiled = torch.compile(optimized, backend="aot_eager")
+    out, ref = compiled(x), model(x)
+    grad = torch.randn_like(ref)
+    out.backward(grad)
+    ref.backward(grad)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    for (name, p), q in zip(model.named_parameters(), optimized.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-9, msg=name)
+    for (name, b), c in zip(model.named_buffers(), optimized.buffers()):
+        torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-12, msg=name)
