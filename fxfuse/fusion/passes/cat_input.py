@@ -78,9 +78,14 @@ _KEEPERS = (
 )
 _KEEPER_MODULES = (nn.Conv2d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.MaxPool2d)
 
-# Ops whose outputs are views of their first argument (getitem of a chunk/split gives a view).
+# Ops whose outputs are views of their first argument (getitem of a chunk/split gives a view); not
+# reshape or flatten, which may copy.
 _VIEW_LISTS = frozenset({"chunk", "split", "tensor_split", "unbind", "split_with_sizes"})
-_VIEWS = frozenset({"narrow", "view", "view_as", "reshape", "permute", "transpose", "expand", "flatten", "squeeze"})
+_VIEWS = frozenset({"narrow", "view", "view_as", "permute", "transpose", "expand", "squeeze", "unsqueeze"})
+_IN_PLACE_OPERATORS = frozenset(
+    getattr(operator, f"i{name}")
+    for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")
+)
 
 
 def _input_of(node: fx.Node) -> Optional[fx.Node]:
@@ -130,8 +135,10 @@ def _writes_in_place(node: fx.Node, modules: dict) -> bool:
         return True
     if node.op == "call_module":
         return getattr(modules.get(node.target), "inplace", False) is True
+    if node.op == "call_function" and node.target in _IN_PLACE_OPERATORS:
+        return True
     name = _method(node) or ""
-    return name.endswith("_") and not name.endswith("__") or name.startswith("__i") or name in ("iadd", "imul")
+    return (name.endswith("_") and not name.endswith("__")) or name.startswith("__i")
 
 
 def _cat_pieces(node: fx.Node) -> tuple[Optional[list[fx.Node]], Optional[str]]:
