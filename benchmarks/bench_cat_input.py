@@ -7,7 +7,9 @@ For each model (random weights, train mode, float32, model and input channels_la
 channels_last, fxfuse `mode="memory"` without the cat_input pass ("memory, cats kept": fxfuse
 before it) and with it ("memory"), measured in one process by fxfuse.bench.compare (saved bytes,
 step peak, median step time over interleaved repeats), as ratios to eager channels_last.
-`--saved-only` measures the saved bytes alone (one forward each). Models: `timm:NAME`,
+`--saved-only` measures the saved bytes alone (one forward each); `--min-of N` times N interleaved
+train steps per variant and prints each variant's fastest and median step (on a loaded machine the
+fastest step says more than the median). Models: `timm:NAME`,
 `torchvision:NAME`, or `wild:NAME` from tests/wild_zoo.py (e.g. wild:yolov8n).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -65,6 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--saved-only", action="store_true")
+    parser.add_argument("--min-of", type=int, default=0)
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     cl = torch.channels_last
@@ -86,6 +90,21 @@ def main(argv=None) -> int:
             for name in (KEPT, "memory"):
                 saved = measure.saved_activation_bytes(variants[name], (x,))
                 print(f"{name}: saved {saved / 2**20:.1f} MiB, {saved / eager:.3f}x eager's {eager / 2**20:.1f} MiB")
+            continue
+        if args.min_of:
+            times: dict = {name: [] for name in variants}
+            for variant in variants.values():
+                measure.train_step(variant, (x,))  # warm-up
+            for _ in range(args.min_of):
+                for name, variant in variants.items():
+                    start = time.perf_counter()
+                    measure.train_step(variant, (x,))
+                    times[name].append(time.perf_counter() - start)
+            fastest = min(times[bench.EAGER_CHANNELS_LAST])
+            for name, ts in times.items():
+                ts.sort()
+                median = ts[len(ts) // 2]
+                print(f"{name}: fastest {ts[0] * 1e3:.0f} ms ({ts[0] / fastest:.3f}x), median {median * 1e3:.0f} ms")
             continue
         rows = bench.compare(variants, (x,), repeats=args.repeats, log=lambda s: print(s, file=sys.stderr))
         print(bench.render(rows))

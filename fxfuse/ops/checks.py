@@ -301,7 +301,7 @@ def fused_call(name: str, input: Tensor, pieces: Optional[Sequence[Tensor]], giv
     if given is None:
         given = input
     if (
-        pieces is None
+        not pieces
         or input is not given
         or autocast_on(input.device.type)
         or not plain(*pieces)
