@@ -16,17 +16,33 @@ ROOT = Path(__file__).resolve().parents[1]
 INTERNAL = {"bn_stats", "bn_act", "bn_act_", "bn_act_backward", "bn_act_backward_", "bn_act_backward_into_grad_"}
 # What the op modules share (fxfuse/ops/__init__.py says what each holds).
 SHARED = {"__init__", "activations", "checks", "compiled", "flops", "higher_order", "linear_common", "routing"}
+# The cat_ variants of four ops (their input's concatenated pieces kept instead): defined in Python over
+# the base ops' kernels and autograd, so one family named cat_input in every layer and no generic .cpp.
+CAT_VARIANTS = {f"cat_{base}" for base in ("batch_norm_act", "conv_bn_act", "bn_act_conv", "conv2d")}
 
 
 @pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 def test_ops_lists_every_public_op():
     names = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("fxfuse::")}
-    assert sorted(fxfuse.ops.OPS) == sorted(n for n in names - INTERNAL if not n.endswith("_backward"))
+    public = {n for n in names - INTERNAL if not n.endswith("_backward")}
+    assert sorted(fxfuse.ops.OPS) == sorted(public - CAT_VARIANTS)
+    assert CAT_VARIANTS <= public
 
 
 def test_every_module_of_ops_is_an_op_or_shared():
     modules = {path.stem for path in (ROOT / "fxfuse" / "ops").glob("*.py")}
-    assert modules - SHARED == set(fxfuse.ops.OPS)
+    assert modules - SHARED - {"cat_input"} == set(fxfuse.ops.OPS)
+
+
+@pytest.mark.parametrize("op", sorted(CAT_VARIANTS))
+def test_the_cat_variants_are_one_family_named_cat_input(op):
+    from fxfuse.ops import cat_input
+
+    function = getattr(fxfuse.ops, op)
+    assert (function.__name__, function.__module__) == (op, "fxfuse.ops.cat_input")
+    assert op.removeprefix("cat_") in cat_input.BASES
+    for path in ("tests/test_ops_cat_input.py", "tests/test_passes_cat_input.py", "fxfuse/fusion/passes/cat_input.py"):
+        assert (ROOT / path).is_file()
 
 
 @pytest.mark.parametrize("op", fxfuse.ops.OPS)

@@ -40,9 +40,11 @@ class FusedSite:
     recompute_flops: Optional[int] = None  # extra work in backward
     reason: str = ""  # why the policy chose it: what is kept and what is recomputed (or why it is faster)
     mode: str = ""  # the mode that chose this site: "memory", "fast" or "auto"
-    # fxfuse::bn_act_conv: the conv whose input this site's output is (passes/bn_act_conv.py); an
+    # fxfuse::bn_act_conv: the conv whose input this site's output is (passes/bn_act_conv.py); a cat: the
+    # fused op it is the input of (passes/cat_input.py); an
     # act_linear site: the layer-scale parameter its call was merged with (passes/layer_scale.py)
     merged_into: str = ""
+    recompute_bytes: Optional[int] = None  # bytes a rebuild moves in backward (a copy, no FLOPs: passes/cat_input.py)
 
     @property
     def name(self) -> str:

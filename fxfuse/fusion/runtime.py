@@ -59,23 +59,28 @@ def _eager_bn_act(y: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> 
     return out if is_norm_act(bn) else apply_activation(out, act, act_param)
 
 
-def conv_bn_act_module(x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
-    """`act(bn(conv(x)))`, keeping only `x` for backward."""
+def conv_bn_act_module(
+    x: Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d, act: str, act_param: float, pieces: Optional[list] = None
+) -> Tensor:
+    """`act(bn(conv(x)))`, keeping only `x` for backward (or `pieces`: `x` is `torch.cat(pieces, 1)`,
+    passes/cat_input.py)."""
     if not (
         layer_kernels_apply(x, (conv.weight, conv.bias), _bn_tensors(bn))
         and x.shape[1] == conv.in_channels
         and bn.num_features == conv.out_channels
     ):
         return _eager_bn_act(conv(x), bn, act, act_param)
+    given = x
     x, padding = _conv_input(x, conv)
     return conv2d_bn_module_act(
-        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, bn, act, act_param
-    )
+        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, bn, act, act_param,
+        pieces=pieces if x is given else None,
+    )  # fmt: skip
 
 
 def conv2d_bn_module_act(
     input: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, groups: int,
-    bn: nn.BatchNorm2d, act: str, act_param: float,
+    bn: nn.BatchNorm2d, act: str, act_param: float, pieces: Optional[list] = None,
 ) -> Tensor:  # fmt: skip
     """`act(bn(F.conv2d(input, weight, bias, ...)))` with `bn` a BatchNorm module (a conv traced to F.conv2d,
     e.g. an nn.Conv2d subclass's own forward, then a BN module), keeping only `input` for backward.
@@ -85,23 +90,25 @@ def conv2d_bn_module_act(
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
     return ops.conv_bn_act(
         input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn.weight, bn.bias,
-        batch_stats, momentum, bn.eps, act, act_param,
+        batch_stats, momentum, bn.eps, act, act_param, pieces=pieces,
     )  # fmt: skip
 
 
 def conv_module_batch_norm_act(
     x: Tensor, conv: nn.Conv2d, running_mean=None, running_var=None, bn_weight=None, bn_bias=None,
     training: bool = False, momentum: float = 0.1, eps: float = 1e-5, act: str = "none", act_param: float = 0.0,
+    pieces: Optional[list] = None,
 ) -> Tensor:  # fmt: skip
     """`act(F.batch_norm(conv(x), ...))` with `conv` an nn.Conv2d module (its padding mode and timm's
-    "same" padding applied as its forward applies them), keeping only `x` for backward."""
+    "same" padding applied as its forward applies them), keeping only `x` (or `pieces`) for backward."""
     if not (isinstance(x, Tensor) and x.dim() == 4 and x.shape[1] == conv.in_channels):
         y = F.batch_norm(conv(x), running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
         return apply_activation(y, act, act_param)
+    given = x
     x, padding = _conv_input(x, conv)
     return ops.conv_bn_act(
         x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, running_mean, running_var,
-        bn_weight, bn_bias, training, momentum, eps, act, act_param,
+        bn_weight, bn_bias, training, momentum, eps, act, act_param, pieces=pieces if x is given else None,
     )  # fmt: skip
 
 
@@ -144,10 +151,14 @@ def conv_act_module(x: Tensor, conv: nn.Conv2d, act: str, act_param: float) -> T
     return ops.conv_act(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, act, act_param)
 
 
-def conv2d_module(x: Tensor, conv: nn.Conv2d) -> Tensor:
-    """`conv(x)`, with fxfuse's conv backward (ops.conv2d)."""
+def conv2d_module(x: Tensor, conv: nn.Conv2d, pieces: Optional[list] = None) -> Tensor:
+    """`conv(x)`, with fxfuse's conv backward (ops.conv2d), keeping `x` (or `pieces`) for backward."""
+    given = x
     x, padding = _conv_input(x, conv)
-    return ops.conv2d(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups)
+    return ops.conv2d(
+        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
+        pieces=pieces if x is given else None,
+    )  # fmt: skip
 
 
 def linear_act_module(x: Tensor, linear: nn.Linear, act: str, act_param: float) -> Tensor:
@@ -213,13 +224,13 @@ def layer_norm_linear_module(x: Tensor, norm: nn.LayerNorm, linear: nn.Linear) -
     return ops.layer_norm_linear(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)
 
 
-def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float) -> Tensor:
-    """`act(bn(x))`, keeping only `x` and the statistics for backward."""
+def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float, pieces: Optional[list] = None) -> Tensor:
+    """`act(bn(x))`, keeping only `x` (or `pieces`) and the statistics for backward."""
     if not (kernels_apply(x, _bn_tensors(bn)) and x.shape[1] == bn.num_features):
         return _eager_bn_act(x, bn, act, act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
     return ops.batch_norm_act(
-        x, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param
+        x, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param, pieces=pieces
     )
 
 
@@ -232,9 +243,11 @@ def bn_act_conv_module(
     out_bn: Optional[nn.BatchNorm2d] = None,
     out_act: str = "none",
     out_act_param: float = 0.0,
+    pieces: Optional[list] = None,
 ) -> Tensor:
     """`conv(act(bn(y)))`, or with `out_bn` `out_act(out_bn(conv(act(bn(y)))))`, keeping only `y`
-    and the statistics for backward (passes/bn_act_conv.py). Calls the fused op cannot serve
+    (or `pieces`: `y` is `torch.cat(pieces, 1)`, passes/cat_input.py) and the statistics for backward
+    (passes/bn_act_conv.py). Calls the fused op cannot serve
     exactly run the sites it merges, each as it would run alone."""
     params = _bn_tensors(out_bn) if out_bn is not None else ()
     if not (
@@ -244,7 +257,7 @@ def bn_act_conv_module(
         and (out_bn is None or out_bn.num_features == conv.out_channels)
         and conv_geometry(y, conv.weight, conv.stride, conv.padding, conv.dilation) is not None
     ):
-        x = bn_act_module(y, bn, act, act_param)
+        x = bn_act_module(y, bn, act, act_param, pieces)
         return conv(x) if out_bn is None else conv_bn_act_module(x, conv, out_bn, out_act, out_act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
     if batch_stats:
@@ -267,7 +280,7 @@ def bn_act_conv_module(
         )
     return ops.bn_act_conv(
         y, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
-        conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, **second,
+        conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, **second, pieces=pieces,
     )  # fmt: skip
 
 

@@ -3,7 +3,9 @@
 Each op module (`batch_norm_act`, `conv_bn_act`, `bn_act_conv`, `conv2d`, `conv_act`,
 `linear_act`, `act_linear`, `act_linear_scale`, `gelu`, `layer_norm_linear`,
 `conv_layer_norm_linear`) holds its wrapper with eager semantics and eager fallback, its fake
-kernels and its autograd formula; `checks` holds what they share, `linear_common` what
+kernels and its autograd formula; `cat_input` the variants of four of them that take their input's
+concatenated pieces and keep those instead (cat_batch_norm_act, cat_conv_bn_act, cat_bn_act_conv,
+cat_conv2d); `checks` holds what they share, `linear_common` what
 linear_act and act_linear share, and `activations` the registry of the
 activations they apply. Importing this package loads fxfuse._C (which defines the schemas and
 the CPU and device-generic kernels) and then registers every op's fake kernels and autograd.
@@ -20,6 +22,7 @@ import sys
 from .. import _extension
 from . import (
     activations,
+    cat_input,
     compiled,
     flops,
     routing,  # noqa: F401  (fxfuse.ops.routing: the generic_path switch)
@@ -29,6 +32,7 @@ from .act_linear_scale import act_linear_scale
 from .activations import ACTIVATIONS
 from .batch_norm_act import batch_norm_act
 from .bn_act_conv import bn_act_conv
+from .cat_input import cat_batch_norm_act, cat_bn_act_conv, cat_conv2d, cat_conv_bn_act
 from .conv2d import conv2d
 from .conv_act import conv_act
 from .conv_bn_act import conv_bn_act
@@ -55,6 +59,7 @@ OPS = (
 if _extension.loaded():
     for _op in OPS:
         sys.modules[f"{__name__}.{_op}"].register()
+    cat_input.register()  # on the ops' autograd: the cat_ variants of four of them
     flops.register()
 
 __all__ = [
@@ -64,6 +69,10 @@ __all__ = [
     "activations",
     "batch_norm_act",
     "bn_act_conv",
+    "cat_batch_norm_act",
+    "cat_bn_act_conv",
+    "cat_conv2d",
+    "cat_conv_bn_act",
     "compiled",
     "conv2d",
     "conv_act",

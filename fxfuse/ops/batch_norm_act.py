@@ -12,14 +12,14 @@ autograd formulas are registered here.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .checks import apply_activation, check_act, kernels_apply, stats_like
+from .checks import apply_activation, check_act, fused_call, kernels_apply, stats_like
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["batch_norm_act", "update_running_stats"]
@@ -74,8 +74,12 @@ def batch_norm_act(
     eps: float = 1e-5,
     act: str = "none",
     act_param: float = 0.0,
+    *,
+    pieces: Optional[Sequence[Tensor]] = None,
 ) -> Tensor:
-    """`act(F.batch_norm(input, ...))` that keeps only `input` and the statistics for backward."""
+    """`act(F.batch_norm(input, ...))` that keeps only `input` and the statistics for backward.
+
+    `pieces`: `input` is `torch.cat(pieces, 1)`; the pieces are kept instead (ops/cat_input.py)."""
     check_act(act)
     count = input.numel() // input.shape[1] if input.dim() >= 2 and input.shape[1] else 0
     if not (
@@ -91,8 +95,9 @@ def batch_norm_act(
         return compiled.compiled_batch_norm_act(
             input, running_mean, running_var, weight, bias, training, momentum, eps, act, act_param
         )
-    out, mean, _, unbiased_var = torch.ops.fxfuse.batch_norm_act(
-        input, weight, bias, running_mean, running_var, training, eps, act, float(act_param)
+    op, head = fused_call("batch_norm_act", input, pieces)
+    out, mean, _, unbiased_var = op(
+        *head, weight, bias, running_mean, running_var, training, eps, act, float(act_param)
     )
     if training and running_mean is not None and running_var is not None:
         update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)

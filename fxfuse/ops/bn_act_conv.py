@@ -21,7 +21,7 @@ autocast is); other autocast calls, and every call the fused kernels cannot serv
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,7 @@ from .checks import (
     conv_backward_meta,
     conv_geometry,
     conv_meta,
+    fused_call,
     int_pair,
     kernels_apply,
     layer_kernels_apply,
@@ -77,11 +78,13 @@ def bn_act_conv(
     eps: float = 1e-5,
     act: str = "none",
     act_param: float = 0.0,
+    pieces: Optional[Sequence[Tensor]] = None,
 ) -> Tensor:
     """`F.conv2d(in_act(F.batch_norm(input, in_*...)), weight, ...)`, followed with `epilogue` by
     `act(F.batch_norm(·, running_mean, ...))`; keeps only `input` and the statistics for backward.
 
     Running statistics (both BNs') are updated in place when training and they are given.
+    `pieces`: `input` is `torch.cat(pieces, 1)`; the pieces are kept instead (ops/cat_input.py).
     """
     check_act(in_act)
     check_act(act)
@@ -94,7 +97,7 @@ def bn_act_conv(
                 input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps,
                 in_act, in_act_param, *cast, stride, padding, dilation, groups, epilogue=epilogue,
                 running_mean=running_mean, running_var=running_var, bn_weight=bn_weight, bn_bias=bn_bias,
-                training=training, momentum=momentum, eps=eps, act=act, act_param=act_param,
+                training=training, momentum=momentum, eps=eps, act=act, act_param=act_param, pieces=pieces,
             )  # fmt: skip
     in_params = (in_running_mean, in_running_var, in_weight, in_bias)
     bn_params = (running_mean, running_var, bn_weight, bn_bias) if epilogue else ()
@@ -111,7 +114,7 @@ def bn_act_conv(
     ):
         x = batch_norm_act(
             input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps,
-            in_act, in_act_param,
+            in_act, in_act_param, pieces=pieces,
         )  # fmt: skip
         if not epilogue:
             return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
@@ -120,8 +123,9 @@ def bn_act_conv(
             training, momentum, eps, act, act_param,
         )  # fmt: skip
     _, stride, padding, dilation, _ = geometry
-    out, in_mean, _, in_unbiased_var, mean, _, unbiased_var = torch.ops.fxfuse.bn_act_conv(
-        input, in_weight, in_bias, in_running_mean, in_running_var, in_training, in_eps, in_act,
+    op, head = fused_call("bn_act_conv", input, pieces)
+    out, in_mean, _, in_unbiased_var, mean, _, unbiased_var = op(
+        *head, in_weight, in_bias, in_running_mean, in_running_var, in_training, in_eps, in_act,
         float(in_act_param), weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias,
         running_mean, running_var, training, eps, act, float(act_param),
     )  # fmt: skip

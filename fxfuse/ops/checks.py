@@ -287,3 +287,25 @@ def stats_dtype(dtype: torch.dtype) -> torch.dtype:
 def stats_like(input: Tensor) -> Tensor:
     torch._check(input.dim() == 4, lambda: f"fxfuse: expected a 4-D (N, C, H, W) input, got {input.dim()}-D")
     return input.new_empty((input.shape[1],), dtype=stats_dtype(input.dtype))
+
+
+# --------------------------------------------------------------------------- concatenated inputs
+
+
+def fused_call(name: str, input: Tensor, pieces: Optional[Sequence[Tensor]], given: Optional[Tensor] = None) -> tuple:
+    """(op, leading arguments) of a fused call on `input`: fxfuse::<name>(input, ...), or
+    fxfuse::cat_<name>(pieces, input, ...), which keeps the pieces for backward in place of
+    `input` (ops/cat_input.py), where the wrapper's caller said that its input `given` (default:
+    `input`) is `torch.cat(pieces, 1)` and `input` is still that tensor (not padded or cast
+    since). Not under autocast, where the op may keep a cast copy of its input instead."""
+    if given is None:
+        given = input
+    if (
+        not pieces
+        or input is not given
+        or autocast_on(input.device.type)
+        or not plain(*pieces)
+        or any(p.device != input.device for p in pieces)
+    ):
+        return getattr(torch.ops.fxfuse, name), (input,)
+    return getattr(torch.ops.fxfuse, f"cat_{name}"), (list(pieces), input.detach())

@@ -18,14 +18,14 @@ torch.autocast the op's Autocast kernel casts as eager autocast casts F.conv2d.
 from __future__ import annotations
 
 import functools
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
+from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry, fused_call
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["conv2d"]
@@ -39,13 +39,19 @@ def conv2d(
     padding: Union[IntPair, str] = 0,
     dilation: IntPair = 1,
     groups: int = 1,
+    *,
+    pieces: Optional[Sequence[Tensor]] = None,
 ) -> Tensor:
-    """`F.conv2d(input, weight, bias, stride, padding, dilation, groups)` with fxfuse's backward."""
+    """`F.conv2d(input, weight, bias, stride, padding, dilation, groups)` with fxfuse's backward.
+
+    `pieces`: `input` is `torch.cat(pieces, 1)`; the pieces are kept instead (ops/cat_input.py)."""
     geometry = fusable_conv_geometry(input, weight, bias, stride, padding, dilation, groups)
     if geometry is None or compiled.applies(geometry[0]):  # compositions: inductor's own convolution
         return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    given = input
     input, stride, padding, dilation, _ = geometry
-    return torch.ops.fxfuse.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    op, head = fused_call("conv2d", input, pieces, given)
+    return op(*head, weight, bias, stride, padding, dilation, groups)
 
 
 def _conv2d_fake(input, weight, bias, stride, padding, dilation, groups):

@@ -13,7 +13,7 @@ runs on the low-precision result.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from .checks import (
     conv_backward_meta,
     conv_geometry,
     conv_meta,
+    fused_call,
     layer_kernels_apply,
     stats_like,
 )
@@ -53,13 +54,17 @@ def conv_bn_act(
     eps: float = 1e-5,
     act: str = "none",
     act_param: float = 0.0,
+    *,
+    pieces: Optional[Sequence[Tensor]] = None,
 ) -> Tensor:
     """`act(F.batch_norm(F.conv2d(input, weight, bias, ...), running_mean, ...))`, memory-saving.
 
     Backward recomputes the convolution from `input` instead of keeping its output.
     Running statistics are updated in place when `training` and they are given.
+    `pieces`: `input` is `torch.cat(pieces, 1)`; the pieces are kept instead (ops/cat_input.py).
     """
     check_act(act)
+    given = input
     bn_params = (running_mean, running_var, bn_weight, bn_bias)
     geometry = None
     if (
@@ -81,8 +86,9 @@ def conv_bn_act(
             input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight, bn_bias,
             training, momentum, eps, act, act_param,
         )  # fmt: skip
-    out, mean, _, unbiased_var = torch.ops.fxfuse.conv_bn_act(
-        input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, running_mean, running_var,
+    op, head = fused_call("conv_bn_act", input, pieces, given)
+    out, mean, _, unbiased_var = op(
+        *head, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, running_mean, running_var,
         training, eps, act, float(act_param),
     )  # fmt: skip
     if training and running_mean is not None and running_var is not None:

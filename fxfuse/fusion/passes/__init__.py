@@ -17,6 +17,7 @@ from . import (
     act_linear,
     batch_norm_act,
     bn_act_conv,
+    cat_input,
     conv_bn_act,
     conv_layer_norm_linear,
     depthwise_conv,
@@ -49,6 +50,7 @@ PASSES = (
     Pass(gelu.PASS, "a standalone GELU: what the passes above left"),
     Pass(bn_act_conv.run, "after the fusing passes: merges a rewritten BN→act site into the conv after it"),
     Pass(depthwise_conv.PASS, "last to fuse: large-kernel depthwise convs no site took get fxfuse's conv backward"),
+    Pass(cat_input.run, "after every fused op exists: a concatenated input is kept as its pieces where those are kept"),
     Pass(inplace_add.run, "last: adds into fused outputs, which exist once every site is rewritten"),
 )
 
