@@ -27,21 +27,21 @@ def test_every_plan_starts_from_the_same_capture():
     model = _net()
     captured = capture(model, (torch.randn(2, 3, 8, 8),))
     code = captured.traced.graph.python_code("self").src
-    every, report = apply(model, captured, Options("memory"))
-    assert len(report.fused) == 2 and _fused_calls(every) == 2
-    first = report.fused[0].modules
-    one, report = apply(model, captured, Options("memory", Plan(frozenset({first}))))
-    assert [s.modules for s in report.fused] == [first] and _fused_calls(one) == 1
-    none, report = apply(model, captured, Options("memory", Plan(frozenset())))
-    assert report.fused == [] and _fused_calls(none) == 0
+    every, found = apply(model, captured, Options("memory"))
+    assert len(found.sites) == 2 and _fused_calls(every) == 2
+    first = found.sites[0].names
+    one, found = apply(model, captured, Options("memory", Plan(frozenset({first}))))
+    assert [s.names for s in found.sites] == [first] and _fused_calls(one) == 1
+    none, found = apply(model, captured, Options("memory", Plan(frozenset())))
+    assert found.sites == [] and _fused_calls(none) == 0
     assert captured.traced.graph.python_code("self").src == code
 
 
-def test_the_report_carries_the_capture_notes_without_sharing_them():
+def test_the_findings_carry_the_capture_notes_without_sharing_them():
     model = _net()
     captured = capture(model, None)
     captured.notes.append("a note of the capture")
-    _, report = apply(model, captured, Options("fast"))
-    assert report.notes[0] == "a note of the capture" and report.mode == "fast"
-    report.notes.append("added later")
+    _, found = apply(model, captured, Options("fast"))
+    assert found.notes[0] == "a note of the capture" and {s.mode for s in found.sites} == {"fast"}
+    found.notes.append("added later")
     assert captured.notes == ["a note of the capture"]

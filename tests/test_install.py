@@ -9,7 +9,7 @@ from torch import nn
 from fxfuse.fusion import install
 from fxfuse.fusion.capture import Captures
 from fxfuse.fusion.plan import Options
-from fxfuse.fusion.report import FusionReport
+from fxfuse.fusion.plan import Findings
 from fxfuse.testing import assert_equivalent
 
 
@@ -36,9 +36,9 @@ class Untraceable(nn.Module):
 
 def test_a_walk_that_does_not_install_leaves_the_model_alone():
     model = Untraceable()
-    report = FusionReport("memory")
-    assert install.walk(model, None, Options("memory"), install.Walk(report, install=False)) == 2
-    assert [s.modules[0] for s in report.fused] == ["a.conv", "b.conv"]
+    found = Findings()
+    assert install.walk(model, None, Options("memory"), install.Walk(found, install=False)) == 2
+    assert [s.names[0] for s in found.sites] == ["a.conv", "b.conv"]
     assert not any(install.is_optimized(m) for m in model.modules())
     assert install.fx_graph(model.a) is None
 
@@ -46,7 +46,7 @@ def test_a_walk_that_does_not_install_leaves_the_model_alone():
 def test_installed_roots_run_their_graphs_and_uninstall_restores_the_classes():
     model, x = Untraceable(), torch.randn(2, 4, 6, 6)
     eager = copy.deepcopy(model)
-    walk = install.Walk(FusionReport("memory"), install=True, captures=Captures())
+    walk = install.Walk(Findings(), install=True, captures=Captures())
     assert install.walk(model, None, Options("memory"), walk) == 2
     assert install.is_optimized(model.a) and install.is_optimized(model.b) and not install.is_optimized(model)
     assert install.fx_graph(model.a) is not None
@@ -59,7 +59,7 @@ def test_installed_roots_run_their_graphs_and_uninstall_restores_the_classes():
 
 def test_a_trial_walk_builds_one_mode_only():
     model = Block()
-    walk = install.Walk(FusionReport("memory"), install=True, captures=Captures(), both_modes=False)
+    walk = install.Walk(Findings(), install=True, captures=Captures(), both_modes=False)
     install.walk(model, None, Options("memory"), walk)
     state = model.__dict__[install._STATE]
     assert len(state.graphs) == 1

@@ -50,10 +50,10 @@ class Block(nn.Module):
 def _graph_adds(model):
     from fxfuse.fusion import tracing
     from fxfuse.fusion.passes import PassContext, run_passes
-    from fxfuse.fusion.report import FusionReport
+    from fxfuse.fusion.plan import Findings
 
     traced = tracing.trace(model)
-    ctx = PassContext(traced.graph, model, "memory", FusionReport("memory"))
+    ctx = PassContext(traced.graph, model, "memory", Findings())
     run_passes(ctx)
     return [n.target for n in traced.graph.nodes if n.target in (runtime.add_into, operator.add, operator.iadd)]
 
@@ -86,11 +86,11 @@ def test_fast_mode_adds_into_theplain_batch_norm_output():
     never its output, so the residual add may write over that output."""
     from fxfuse.fusion import tracing
     from fxfuse.fusion.passes import PassContext, run_passes
-    from fxfuse.fusion.report import FusionReport
+    from fxfuse.fusion.plan import Findings
 
     block = Block()
     traced = tracing.trace(block)
-    run_passes(PassContext(traced.graph, block, "fast", FusionReport("fast")))
+    run_passes(PassContext(traced.graph, block, "fast", Findings()))
     (add,) = [n for n in traced.graph.nodes if n.target is runtime.add_into]
     assert add.args[0].op == "call_module" and add.args[0].target in ("bn1", "bn2")
     x = torch.randn(2, 4, 6, 5)

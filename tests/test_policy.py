@@ -12,6 +12,7 @@ import fxfuse
 from fxfuse import measure
 from fxfuse.errors import ConfigurationError
 from fxfuse.fusion import policy
+from fxfuse.fusion.plan import SiteData
 from fxfuse.testing import assert_equivalent
 
 
@@ -280,7 +281,7 @@ def test_fast_mode_takes_no_budget():
 def test_auto_limit_is_documented_in_flops_per_byte():
     # A 1x1 conv from 128 channels in float32 sits exactly on the limit.
     conv = nn.Conv2d(128, 256, 1)
-    site = fxfuse.fusion.report.FusedSite(("0",), "conv2d→batch_norm2d", "none", "fxfuse::conv_bn_act")
+    site = SiteData(("0",), ("conv2d", "batch_norm2d"), "fxfuse::conv_bn_act", recomputes=True)
     assert policy._intrinsic_flops_per_byte(nn.Sequential(conv), site) == policy.AUTO_MAX_FLOPS_PER_BYTE
 
 
@@ -296,13 +297,13 @@ def test_memory_mode_recomputes_no_conv_that_frees_nothing():
     x = torch.randn(2, 3, 64, 64)
     optimized = fxfuse.optimize(_resnet(), x)
     report = optimized.fxfuse_report
-    recomputes = [s for s in report.fused if s.op in policy.RECOMPUTE_OPS]
+    recomputes = [s for s in report.fused if s.recomputes]
     assert len(recomputes) == 21  # the stem, 16 conv3 (output kept for the residual add), 4 downsample
     idle = [s for s in report.skipped if "free nothing" in s.reason]
     assert len(idle) == 32 and {s.modules[0].rsplit(".", 1)[-1] for s in idle} == {"conv1", "conv2"}
     every = _resnet()
     every_report = _run(every, (x,), Options("memory"), install=True)  # every conv recomputed: mode="memory" before
-    assert sum(s.op in policy.RECOMPUTE_OPS for s in every_report.fused) == 53
+    assert sum(s.recomputes for s in every_report.sites) == 53
     assert measure.saved_activation_bytes(optimized, (x,)) == measure.saved_activation_bytes(every, (x,))
 
 

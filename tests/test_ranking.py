@@ -4,12 +4,12 @@ import pytest
 
 from fxfuse.fusion.regions import ranking
 from fxfuse.fusion.regions.costs import LinkCost, Profile, RegionCost
-from fxfuse.fusion.report import FusedSite
+from fxfuse.fusion.plan import SiteData
 
 
 def _upgrade(conv, bn, ratio, marginal=100):
-    site = FusedSite((conv, bn), "conv2d→batch_norm2d", "none", "fxfuse::conv_bn_act")
-    pointwise = FusedSite((bn, "relu"), "batch_norm2d→relu", "relu", "fxfuse::batch_norm_act")
+    site = SiteData((conv, bn), ("conv2d", "batch_norm2d"), "fxfuse::conv_bn_act", recomputes=True)
+    pointwise = SiteData((bn, "relu"), ("batch_norm2d", "relu"), "fxfuse::batch_norm_act", "relu")
     return ranking.Candidate(site, [pointwise], marginal, ratio), pointwise
 
 

@@ -12,7 +12,6 @@ import torch
 from .. import bench
 from ..errors import ConfigurationError
 from ..fusion import MODES
-from ..fusion.policy import RECOMPUTE_OPS
 from ..measure import fit
 from ._common import add_model_arguments, load_model, parse_dtype
 
@@ -216,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     for name, report in reports.items():
         fused = len(report.fused)
-        recomputed = sum(1 for s in report.fused if s.op in RECOMPUTE_OPS)
+        recomputed = sum(1 for s in report.fused if s.recomputes)
         line = f"{name}: {fused} sites fused, {recomputed} recompute a conv/linear"
         if report.budget_met is not None:
             line += f"; budget {report.budget:g} {'met' if report.budget_met else 'NOT met'}"

@@ -1,9 +1,10 @@
 """Apply a plan: rewrite a copy of a captured graph.
 
 The passes find the sites on the copy and rewrite those the plan names (all of them
-without a plan), the model's own checkpoint calls become checkpoint regions, and the
-recompute regions the plan names become one checkpointed call each. The captured graph
-itself is never changed, so every plan the policy tries starts from the same graph.
+without a plan: that is how the sites are found), the model's own checkpoint calls become
+checkpoint regions, and the recompute regions the plan names become one checkpointed call
+each. The captured graph itself is never changed, so every plan the policy tries starts
+from the same graph, and the sites the plan names by their names match again.
 """
 
 from __future__ import annotations
@@ -15,21 +16,20 @@ from . import user_checkpoint
 from .capture import Capture, copy_of
 from .passes import PassContext, run_passes
 from .passes.driver import SITE_META
-from .plan import Options
+from .plan import Findings, Options
 from .regions import graph as regions
-from .report import FusionReport
 
 
-def apply(root: nn.Module, captured: Capture, options: Options) -> tuple[fx.Graph, FusionReport]:
+def apply(root: nn.Module, captured: Capture, options: Options) -> tuple[fx.Graph, Findings]:
     """The rewritten graph of `root` (a module shaped as the captured one: itself, or a meta copy of it)
-    and its report."""
+    and what the passes found on it."""
     own = copy_of(captured)
     graph, plan = own.traced.graph, options.plan
-    report = FusionReport(options.mode, notes=own.notes)
+    found = Findings(notes=own.notes)
     sites = set(plan.sites) if plan.sites is not None else None
-    run_passes(PassContext(graph, root, options.pass_mode, report, own.shapes, sites))
+    run_passes(PassContext(graph, root, options.pass_mode, found, own.shapes, sites))
     if own.traced.user_checkpoints:
-        report.notes.extend(user_checkpoint.extract(graph, own.traced.user_checkpoints, SITE_META))
+        found.notes.extend(user_checkpoint.extract(graph, own.traced.user_checkpoints, SITE_META))
     if plan.regions:
-        report.notes.extend(regions.apply(graph, root, plan.regions, plan.flat_links))
-    return graph, report
+        found.notes.extend(regions.apply(graph, root, plan.regions, plan.flat_links))
+    return graph, found

@@ -16,10 +16,9 @@ from torch import nn
 from .. import measure
 from . import install
 from .capture import Captures
-from .plan import Options, Plan
+from .plan import Findings, Options, Plan
 from .regions import costs as region_costs
 from .regions.costs import Profile
-from .report import FusionReport
 
 
 class Counts:
@@ -64,7 +63,7 @@ class Counts:
 
     def _prepare(self, plan: Plan) -> Callable[[nn.Module], Any]:
         """Optimize a meta-device trial copy with `plan` (its inputs as meta tensors)."""
-        walk = install.Walk(FusionReport("memory"), install=True, captures=self.captures, both_modes=False)
+        walk = install.Walk(Findings(), install=True, captures=self.captures, both_modes=False)
         return lambda trial: install.walk(trial, measure.to_meta(self.inputs), Options("memory", plan), walk)
 
 

@@ -44,8 +44,8 @@ from ..ops.higher_order import transformed
 from . import graphs, layout, tracing
 from .apply import apply
 from .capture import Captures, capture, is_library_module
-from .plan import Options
-from .report import FusionReport, SkippedSite
+from .plan import Findings, Options
+from .report import FusionReport, skipped_site
 
 _STATE = "_fxfuse_state"
 
@@ -59,7 +59,7 @@ class _State:
     key_flags: list[tuple[nn.Module, str]] = field(default_factory=list)  # checkpointing switches of traced modules
     watched: list[nn.Module] = field(default_factory=list)  # every submodule: which of them have hooks is in the key
     graphs: dict[tuple, Callable] = field(default_factory=dict)
-    reports: dict[tuple, FusionReport] = field(default_factory=dict)
+    found: dict[tuple, Findings] = field(default_factory=dict)  # what the passes found on each graph
     fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
     last_leaf_failures: dict[str, str] = field(default_factory=dict)
     last_hooked: dict[str, str] = field(default_factory=dict)  # hooked leaves of the last trace
@@ -72,11 +72,11 @@ class _State:
 
 @dataclass
 class Walk:
-    """One walk over a model's tree of traceable roots: where the report goes, whether the roots are
+    """One walk over a model's tree of traceable roots: where what it finds goes, whether the roots are
     installed, the captures it reuses, and whether each root also gets its other train/eval mode's
     graph (not for the policy's meta-device trials, which run one forward)."""
 
-    report: FusionReport
+    found: Findings
     install: bool
     captures: Optional[Captures] = None
     both_modes: bool = True
@@ -169,11 +169,12 @@ def _note_call_time_build(module: nn.Module, state: _State) -> None:
     """Add to the report `optimize` attached what a graph built at call time (hooks or training
     flags changed since) left unfused or kept as a module call, and why."""
     report: Optional[FusionReport] = module.__dict__.get("fxfuse_report")
-    later = state.reports.get(state.last_key)
+    later = state.found.get(state.last_key)
     if report is None or later is None:
         return
     lines = list(later.notes)
-    lines += [f"{s.name} ({s.pattern}) not fused: {s.reason}" for s in later.skipped if s not in report.skipped]
+    skipped = [skipped_site(s) for s in later.skipped]
+    lines += [f"{s.name} ({s.pattern}) not fused: {s.reason}" for s in skipped if s not in report.skipped]
     for line in lines:
         line = f"graph built at a later call: {line}"
         if line not in report.notes:
@@ -249,13 +250,13 @@ def _build(
                 (modules[traced_path], a) for a in _CHECKPOINT_FLAGS if hasattr(modules[traced_path], a)
             )
             state.graphs.clear()
-    graph, report = apply(root, captured, state.options)
+    graph, found = apply(root, captured, state.options)
     key = _key(state, example_inputs or ())
     state.fx_graphs[key] = graph
     fn = graphs.compile_graph(graph)
     state.last_key = key
     state.graphs[key] = fn
-    state.reports[key] = report
+    state.found[key] = found
     state.last_leaf_failures = traced.leaf_failures
     state.last_hooked = traced.hooked
     return fn
@@ -271,31 +272,31 @@ def _build_or_fall_back(
     try:
         fn = _build(root, state, example_inputs)
     except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
-        report = FusionReport(state.options.mode)
-        report.notes.append(
+        found = Findings()
+        found.notes.append(
             f"{type(root).__name__}: forward is not traceable ({type(exc).__name__}: {tracing.first_line(exc)}); "
             "it runs as written, with its submodules optimized instead"
         )
         if install:
-            _optimize_children(root, "", state.options, Walk(report, install))
+            _optimize_children(root, "", state.options, Walk(found, install))
         key = _key(state, example_inputs or ())
         state.last_key = key
         state.graphs[key] = _original_forward
-        state.reports[key] = report
+        state.found[key] = found
         return _original_forward
     if install:
-        _optimize_inside(root, state, "", state.options, Walk(state.reports[state.last_key], install))
+        _optimize_inside(root, state, "", state.options, Walk(state.found[state.last_key], install))
     return fn
 
 
 def _build_other_mode(
     root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None
-) -> Optional[tuple[str, FusionReport]]:
+) -> Optional[tuple[str, Findings]]:
     """Also build the graph for the opposite train/eval mode of every traced module.
 
     So that switching between train() and eval() finds a compiled graph (and
     torch.compile never has to trace fxfuse's own tracing). Returns that mode's
-    name and report.
+    name and what its passes found.
     """
     flags = [m.training for m in state.key_modules]
     if len(set(flags)) != 1:
@@ -304,7 +305,7 @@ def _build_other_mode(
         for m in state.key_modules:
             m.training = not flags[0]
         _build_or_fall_back(root, state, example_inputs if state.specialized else None, install=True)
-        return ("eval" if flags[0] else "train"), state.reports[state.last_key]
+        return ("eval" if flags[0] else "train"), state.found[state.last_key]
     finally:
         for m, flag in zip(state.key_modules, flags):
             m.training = flag
@@ -312,9 +313,9 @@ def _build_other_mode(
 
 def _attach(
     module: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]] = None, both_modes: bool = True
-) -> Optional[tuple[str, FusionReport]]:
+) -> Optional[tuple[str, Findings]]:
     """Make `module` run its fused graphs: build the other train/eval mode too (`both_modes`), swap the
-    class. Returns the other mode's name and report."""
+    class. Returns the other mode's name and findings."""
     other = _build_other_mode(module, state, example_inputs) if both_modes else None
     module.__dict__[_STATE] = state
     module.__class__ = _fused_class(type(module))
@@ -328,18 +329,17 @@ def _install(module: nn.Module, options: Options, example_inputs=None) -> _State
     return state
 
 
-def _prefixed(report: FusionReport, prefix: str) -> FusionReport:
+def _prefixed(found: Findings, prefix: str) -> Findings:
     if not prefix:
-        return report
+        return found
 
     def names(ms):
         return tuple(f"{prefix}.{m}" if m and not m.startswith(":") else f"{prefix}{m}" for m in ms)
 
-    return FusionReport(
-        report.mode,
-        [dataclasses.replace(s, modules=names(s.modules)) for s in report.fused],
-        [SkippedSite(names(s.modules), s.pattern, s.reason) for s in report.skipped],
-        [f"{prefix}.{n}" if not n.startswith(prefix) else n for n in report.notes],
+    return Findings(
+        [dataclasses.replace(s, names=names(s.names)) for s in found.sites],
+        [dataclasses.replace(s, names=names(s.names)) for s in found.skipped],
+        [f"{prefix}.{n}" if not n.startswith(prefix) else n for n in found.notes],
     )
 
 
@@ -374,35 +374,35 @@ def _optimize_inside(module: nn.Module, state: _State, path: str, options: Optio
 def _optimize_tree(module: nn.Module, path: str, options: Options, example_inputs, walk: Walk) -> int:
     """Optimize `module` if it traces, else its largest traceable submodules. Returns #roots optimized."""
     state = _new_state(module, options)
-    report = walk.report
+    found = walk.found
     try:
         _build(module, state, example_inputs, walk.captures, path)
     except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
         has_children = any(not is_library_module(child) for child in module.children())
-        report.notes.append(
+        found.notes.append(
             f"{path or type(module).__name__}: forward is not traceable ({type(exc).__name__}: "
             f"{tracing.first_line(exc)}); optimizing its submodules instead"
             + ("" if has_children else " (it has none that fxfuse could trace)")
         )
         return _optimize_children(module, path, options, walk)
-    merged = _prefixed(state.reports[state.last_key], path)
-    report.fused.extend(merged.fused)
-    report.skipped.extend(merged.skipped)
-    report.notes.extend(merged.notes)
+    merged = _prefixed(state.found[state.last_key], path)
+    found.sites.extend(merged.sites)
+    found.skipped.extend(merged.skipped)
+    found.notes.extend(merged.notes)
     roots = 1 + _optimize_inside(module, state, path, options, walk)
     if walk.install:
         other = _attach(module, state, example_inputs, walk.both_modes)
         if other is not None:
-            mode, other_report = other
-            for note in _prefixed(other_report, path).notes:
-                if note not in report.notes:
-                    report.notes.append(f"in {mode} mode: {note}")
+            mode, other_found = other
+            for note in _prefixed(other_found, path).notes:
+                if note not in found.notes:
+                    found.notes.append(f"in {mode} mode: {note}")
     return roots
 
 
 def walk(model: nn.Module, example_inputs, options: Options, walk: Walk) -> int:
-    """Optimize (or with `walk.install` False, only report on) `model`'s tree of traceable roots,
-    into `walk.report`. Returns how many roots were optimized."""
+    """Optimize (or with `walk.install` False, only find the sites of) `model`'s tree of traceable
+    roots, into `walk.found`. Returns how many roots were optimized."""
     return _optimize_tree(model, "", options, example_inputs, walk)
 
 

@@ -1,11 +1,13 @@
 """fxfuse.optimize / fxfuse.explain: one straight pipeline.
 
     capture      trace each traceable root of the model once (capture.py; `Captures` keeps them)
-    find sites   the passes on copies of the captured graphs, in mode="memory" and "fast" (apply.py)
+    find sites   the passes on copies of the captured graphs, in mode="memory" and "fast" (apply.py):
+                 the sites' data (plan.SiteData)
     choose       the policy turns those sites into a Plan (policy.py; its meta-device counts apply
                  plans to the same captured graphs: counts.py)
     apply        the captured graphs rewritten with the Plan (apply.py)
     install      the class swap, the graph cache and the other train/eval mode (install.py)
+    report       the FusionReport rendered from the final sites and the Plan (report.render)
 
 Each step calls only those after it. What the optimized module does at call time (rebuilds
 when training flags, hooks or input shapes change; pickling) is install.py's.
@@ -27,8 +29,8 @@ from . import layout, policy
 from .capture import Captures
 from .counts import Counts
 from .install import Walk, _rebuild, is_optimized, uninstall, walk  # noqa: F401 - _rebuild: older pickles name it here
-from .plan import MODES, Options
-from .report import FusionReport
+from .plan import MODES, Findings, Options
+from .report import FusionReport, render
 
 
 def _normalize_inputs(example_inputs) -> Optional[tuple]:
@@ -84,27 +86,25 @@ def _check_example_inputs(model: nn.Module, example_inputs) -> None:
 
 def _run(
     model: nn.Module, example_inputs, options: Options, install: bool, captures: Optional[Captures] = None
-) -> FusionReport:
-    report = FusionReport(options.mode)
-    roots = walk(model, example_inputs, options, Walk(report, install, captures))
+) -> Findings:
+    found = Findings()
+    roots = walk(model, example_inputs, options, Walk(found, install, captures))
     if roots == 0:
         raise TracingError(
             f"fxfuse could not trace {type(model).__name__} nor any of its submodules, so nothing was optimized. "
-            + " ".join(report.notes)
+            + " ".join(found.notes)
             + " Make the forward traceable by torch.fx (no Python control flow on tensor values), "
             "or optimize the traceable parts yourself: fxfuse.optimize(model.backbone)."
         )
-    return report
+    return found
 
 
-def _decide(
-    model: nn.Module, inputs, mode: str, memory_budget, peak_budget, captures: Captures
-) -> tuple[Options, Optional[policy.Decision]]:
+def _decide(model: nn.Module, inputs, mode: str, memory_budget, peak_budget, captures: Captures) -> Options:
     """Find the sites of both modes on the captured graphs, and let the policy choose among them."""
     if mode == "fast" and memory_budget is None and peak_budget is None:
-        return Options(mode), None
-    memory = _run(model, inputs, Options("memory"), False, captures)
-    fast = _run(model, inputs, Options("fast"), False, captures)
+        return Options(mode)
+    memory = _run(model, inputs, Options("memory"), False, captures).sites
+    fast = _run(model, inputs, Options("fast"), False, captures).sites
     if memory_budget is None and peak_budget is None:
         choose = policy.choose_auto if mode == "auto" else policy.choose_memory
         decision = choose(model, memory, fast)
@@ -117,7 +117,7 @@ def _decide(
             Counts(model, inputs, captures),
             peak_budget=None if peak_budget is None else float(peak_budget),
         )
-    return Options(mode, decision.plan, memory_budget), decision
+    return Options(mode, decision.plan, memory_budget)
 
 
 def _optimized(
@@ -128,16 +128,14 @@ def _optimized(
     if chosen.channels_last and inputs is not None:
         inputs = layout.to_channels_last(inputs)
     captures = Captures()
-    options, decision = _decide(model, inputs, mode, memory_budget, peak_budget, captures)
+    options = _decide(model, inputs, mode, memory_budget, peak_budget, captures)
     options = dataclasses.replace(options, channels_last=chosen.channels_last)
-    report = _run(model, inputs, options, install, captures)
+    found = _run(model, inputs, options, install, captures)
     if install and chosen.channels_last:
         model.to(memory_format=torch.channels_last)
-    report.layout = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
-    if decision is not None:
-        policy.annotate(report, decision)
-        report.notes.extend(policy.device_notes(inputs))
-    return report
+    layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
+    notes = policy.device_notes(inputs) if options.plan.choice is not None else []
+    return render(options.mode, found, options.plan, layout_line, notes)
 
 
 def optimize(

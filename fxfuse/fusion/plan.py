@@ -1,9 +1,13 @@
-"""What `optimize` applies: the user's options and the policy's choice (a `Plan`), by name.
+"""The data the pipeline passes down: the sites the passes find (`SiteData`, `Findings`), the
+policy's choice (a `Plan`, with why it chose it: `Choice`) and the user's `Options`.
 
-A Plan names what to rewrite rather than pointing at graph nodes, so the same plan applies to
-every graph built from the model: the captured one, the other train/eval mode's, and those a
-call traces later (hooks or training flags changed). Names are module paths (or
-`scope:function` for functional calls), as in the report.
+A site's identity is its names: module paths (or `scope:function` for functional calls), as in
+the report. A Plan names what to rewrite rather than pointing at graph nodes, so the same plan
+applies to every graph built from the model: the captured one, the other train/eval mode's, and
+those a call traces later (hooks or training flags changed). Applying it runs the passes again on
+a copy of the captured graph and rewrites the sites it names (apply.py): the same graph, so the
+same sites match, and no trace. report.render turns these into the user's FusionReport; nothing
+reads a FusionReport back.
 """
 
 from __future__ import annotations
@@ -14,12 +18,110 @@ from typing import Optional
 # What users pass as mode=: the passes see "memory" or "fast" (Options.pass_mode).
 MODES = ("memory", "fast", "auto")
 
+# The kinds in a site's pattern that are layers (not activations).
+LAYER_KINDS = frozenset({"conv2d", "batch_norm2d", "linear", "layer_norm"})
+
+
+@dataclass
+class SiteData:
+    """A site the passes rewrote: what the policy chooses from and the report renders. A later pass
+    that merges the site's node updates it (passes/bn_act_conv.py, passes/layer_scale.py)."""
+
+    names: tuple[str, ...]  # module paths (or scope:function), in forward order: the site's identity
+    pattern: tuple[str, ...]  # the kind of each call, e.g. ("conv2d", "batch_norm2d", "relu")
+    op: str  # the fxfuse op it runs
+    activation: str = ""
+    recomputes: bool = False  # recomputes a conv or linear layer in backward (its pass says so): an upgrade
+    saved_bytes: Optional[int] = None  # activation bytes eager keeps for backward that this site does not
+    recompute_flops: Optional[int] = None  # extra work in backward
+    reason: str = ""  # what is kept and what is recomputed (or why it is faster)
+    mode: str = ""  # the passes' mode that found it
+    # fxfuse::bn_act_conv: the conv whose input this site's output is (passes/bn_act_conv.py); an
+    # act_linear site: the layer-scale parameter its call was merged with (passes/layer_scale.py)
+    merged_into: str = ""
+
+    @property
+    def layers(self) -> frozenset:
+        """Its conv, BN and linear names: what two sites on the same nodes share. Not its activation's,
+        since one activation module may serve several sites (LeNet's one nn.GELU). Where the activation
+        has no name of its own (it runs inside the BN module), every name is a layer."""
+        if len(self.pattern) != len(self.names):
+            return frozenset(self.names)
+        return frozenset(n for n, kind in zip(self.names, self.pattern) if kind in LAYER_KINDS)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A site the passes matched and did not rewrite, and why."""
+
+    names: tuple[str, ...]
+    pattern: tuple[str, ...]
+    reason: str
+
+
+@dataclass
+class Findings:
+    """What one walk over a model found: the sites rewritten, those skipped, notes on the trace."""
+
+    sites: list[SiteData] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RegionChoice:
+    """A recompute region (or a link chaining two) that a budget chose (fusion/regions/ranking.py)."""
+
+    name: str
+    kind: str  # "region" or "link"
+    recompute_flops: int
+    saved_bytes: int  # activation bytes it frees, as estimated on the meta device
+    reason: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An entry of the policy's ranking it did not take: an upgrade (a site's names and pattern), or
+    a region or link (its name, and its kind as the pattern)."""
+
+    names: tuple[str, ...]
+    pattern: tuple[str, ...]
+    flops_per_byte: Optional[float]
+    region: bool = False
+    recompute_flops: Optional[int] = None  # regions and links
+    freed_bytes: Optional[int] = None  # regions and links
+
+
+@dataclass
+class Choice:
+    """Why the policy chose its plan, as data: report.render says it in words."""
+
+    policy: str  # "auto", "memory" or "budget"
+    limit: str  # what decided, e.g. "budget 0.30×"
+    auto_limit: Optional[float] = None  # mode="auto": the FLOP/B an upgrade may cost at most
+    upgrades: dict = field(default_factory=dict)  # names of each upgrade taken -> its FLOP/B (None: unknown)
+    in_region: dict = field(default_factory=dict)  # names of a site inside a chosen region -> the region's name
+    pointwise_only: frozenset = frozenset()  # names of pointwise sites kept in place of a rejected upgrade
+    regions: list[RegionChoice] = field(default_factory=list)  # regions and links chosen
+    idle: list[SiteData] = field(default_factory=list)  # mode="memory": upgrades left out as freeing nothing
+    rejected: list[Rejected] = field(default_factory=list)
+    budget: Optional[float] = None
+    eager_bytes: Optional[int] = None
+    selected_bytes: Optional[int] = None
+    met: Optional[bool] = None
+    peak_budget: Optional[float] = None
+    eager_peak_bytes: Optional[int] = None
+    selected_peak_bytes: Optional[int] = None
+    peak_met: Optional[bool] = None
+    notes: list[str] = field(default_factory=list)
+
 
 @dataclass(frozen=True)
 class Plan:
     sites: Optional[frozenset] = None  # names of the sites the passes may rewrite (None: every site)
     regions: tuple = ()  # groups of region names (fusion/regions/graph.py) to recompute, in graph order
     flat_links: frozenset = frozenset()  # (first, second) links of those groups run as one region
+    choice: Optional[Choice] = field(default=None, compare=False)  # why the policy chose it (None: no policy ran)
 
     def scoped(self, path: str) -> Plan:
         """This plan for the submodule at `path`: what lies under it, with names relative to it."""

@@ -48,16 +48,11 @@ from torch import nn
 
 from ..errors import ConfigurationError
 from .counts import Counts
-from .plan import Plan
+from .plan import Choice, Plan, RegionChoice, Rejected, SiteData
 from .regions import ranking
 from .regions.costs import Profile
 from .regions.ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select, site_in_region
-from .report import FusedSite, FusionReport, RegionChoice, SkippedSite, format_bytes, format_flops
 from .tracing import first_line
-
-RECOMPUTE_OPS = frozenset(
-    {"fxfuse::conv_bn_act", "fxfuse::linear_act", "fxfuse::conv_act", "fxfuse::conv_layer_norm_linear"}
-)
 
 # mode="auto" takes an upgrade when one backward recompute costs at most this many FLOPs
 # per byte it frees. 64 FLOP/B in float32 is a 1×1 conv with 128 input channels per group,
@@ -94,7 +89,7 @@ class Decision:
     notes: list[str] = field(default_factory=list)
     groups: tuple = ()  # region groups to recompute (ranking.Selection.groups)
     flat_links: frozenset = frozenset()  # links of those groups run flat (ranking.Selection.flat_links)
-    idle: list[FusedSite] = field(default_factory=list)  # mode="memory": upgrades left out as freeing nothing
+    idle: list[SiteData] = field(default_factory=list)  # mode="memory": upgrades left out as freeing nothing
     selection: Optional[Selection] = None
     peak_budget: Optional[float] = None
     eager_peak_bytes: Optional[int] = None
@@ -102,7 +97,7 @@ class Decision:
 
     @property
     def plan(self) -> Plan:
-        return Plan(self.allowed, self.groups, self.flat_links)
+        return Plan(self.allowed, self.groups, self.flat_links, choice_of(self))
 
     @property
     def met(self) -> Optional[bool]:
@@ -121,10 +116,10 @@ def plan_of(selection: Selection) -> Plan:
     return Plan(selection.allowed, selection.groups, selection.flat_links)
 
 
-def _intrinsic_flops_per_byte(model: nn.Module, site: FusedSite) -> Optional[float]:
+def _intrinsic_flops_per_byte(model: nn.Module, site: SiteData) -> Optional[float]:
     """Recompute FLOPs per byte of the recomputed output, from the layer's weight alone (no shapes needed)."""
     try:
-        layer = model.get_submodule(site.modules[0])
+        layer = model.get_submodule(site.names[0])
     except (AttributeError, ValueError):
         return None  # functional call ("scope:function")
     weight = getattr(layer, "weight", None)
@@ -134,7 +129,7 @@ def _intrinsic_flops_per_byte(model: nn.Module, site: FusedSite) -> Optional[flo
     return 2.0 * per_output / weight.element_size()
 
 
-def _candidate(model: nn.Module, site: FusedSite, pointwise: list[FusedSite]) -> Candidate:
+def _candidate(model: nn.Module, site: SiteData, pointwise: list[SiteData]) -> Candidate:
     """`site` as an upgrade of the pointwise sites on its layers, with its bytes and cost where known."""
     fallback = [p for p in pointwise if p.layers & site.layers]
     marginal = None
@@ -148,9 +143,9 @@ def _candidate(model: nn.Module, site: FusedSite, pointwise: list[FusedSite]) ->
     return Candidate(site, fallback, marginal, ratio)
 
 
-def _upgrades(model: nn.Module, memory: FusionReport, pointwise: list[FusedSite]) -> list[Candidate]:
+def _upgrades(model: nn.Module, memory: list[SiteData], pointwise: list[SiteData]) -> list[Candidate]:
     """Every site of `memory` that recomputes a layer, as an upgrade of the pointwise sites on its layers."""
-    return [_candidate(model, s, pointwise) for s in memory.fused if s.op in RECOMPUTE_OPS]
+    return [_candidate(model, s, pointwise) for s in memory if s.recomputes]
 
 
 def _rebuilt_by_next_conv(candidate: Candidate, merge_breakers: frozenset = frozenset()) -> bool:
@@ -164,11 +159,14 @@ def _rebuilt_by_next_conv(candidate: Candidate, merge_breakers: frozenset = froz
     )
 
 
-def candidates(model: nn.Module, memory: FusionReport, fast: FusionReport) -> tuple[list[Candidate], list[FusedSite]]:
-    """Upgrades ranked cheapest first, and the pointwise sites (taken in any case).
+def candidates(
+    model: nn.Module, memory: list[SiteData], fast: list[SiteData]
+) -> tuple[list[Candidate], list[SiteData]]:
+    """Upgrades ranked cheapest first, and the pointwise sites (taken in any case), from the sites the
+    passes found in mode "memory" and "fast".
 
     Upgrades that free nothing beyond their pointwise form are not candidates."""
-    pointwise = list(fast.fused)
+    pointwise = list(fast)
     upgrades = [
         c
         for c in _upgrades(model, memory, pointwise)
@@ -178,13 +176,13 @@ def candidates(model: nn.Module, memory: FusionReport, fast: FusionReport) -> tu
     return upgrades, pointwise
 
 
-def allowed_names(chosen: list[Candidate], pointwise: list[FusedSite]) -> tuple[frozenset, set]:
+def allowed_names(chosen: list[Candidate], pointwise: list[SiteData]) -> tuple[frozenset, set]:
     taken = {name for c in chosen for name in c.site.layers}
-    fallback = {p.modules for p in pointwise if not p.layers & taken}
-    return frozenset({c.site.modules for c in chosen} | fallback), fallback
+    fallback = {p.names for p in pointwise if not p.layers & taken}
+    return frozenset({c.site.names for c in chosen} | fallback), fallback
 
 
-def choose_auto(model: nn.Module, memory: FusionReport, fast: FusionReport) -> Decision:
+def choose_auto(model: nn.Module, memory: list[SiteData], fast: list[SiteData]) -> Decision:
     upgrades, pointwise = candidates(model, memory, fast)
     chosen = [c for c in upgrades if c.flops_per_byte is not None and c.flops_per_byte <= AUTO_MAX_FLOPS_PER_BYTE]
     rejected = [c for c in upgrades if c not in chosen]
@@ -192,10 +190,10 @@ def choose_auto(model: nn.Module, memory: FusionReport, fast: FusionReport) -> D
     return Decision(allowed, "auto", chosen, rejected, fallback)
 
 
-def choose_memory(model: nn.Module, memory: FusionReport, fast: FusionReport) -> Decision:
+def choose_memory(model: nn.Module, memory: list[SiteData], fast: list[SiteData]) -> Decision:
     """Every upgrade but the idle ones, whose BN→activation output the next conv rebuilds anyway."""
-    pointwise = list(fast.fused)
-    merge_breakers = frozenset(s.modules[0] for s in memory.fused if s.op == "fxfuse::conv_act")
+    pointwise = list(fast)
+    merge_breakers = frozenset(s.names[0] for s in memory if s.op == "fxfuse::conv_act")
     upgrades, idle = [], []
     for candidate in _upgrades(model, memory, pointwise):
         if _rebuilt_by_next_conv(candidate, merge_breakers):
@@ -217,7 +215,7 @@ def _eager_count(model: nn.Module, what: str, budget_name: str, budget: float, c
         ) from exc
 
 
-def _region_profile(counts: Counts, pointwise: list[FusedSite], notes: list[str]) -> Optional[Profile]:
+def _region_profile(counts: Counts, pointwise: list[SiteData], notes: list[str]) -> Optional[Profile]:
     try:
         profile = counts.profile(allowed_names([], pointwise)[0])
     except Exception as exc:  # noqa: BLE001 - regions are optional: per-site fusion still applies
@@ -230,8 +228,8 @@ def _region_profile(counts: Counts, pointwise: list[FusedSite], notes: list[str]
 
 def choose_budget(
     model: nn.Module,
-    memory: FusionReport,
-    fast: FusionReport,
+    memory: list[SiteData],
+    fast: list[SiteData],
     budget: Optional[float],
     counts: Counts,
     peak_budget: Optional[float] = None,
@@ -391,80 +389,42 @@ def _limit(decision: Decision) -> str:
     return ", ".join(parts)
 
 
-def annotate(report: FusionReport, decision: Decision) -> None:
-    """Say in the report what the policy chose and why."""
+def choice_of(decision: Decision) -> Choice:
+    """What the report says about `decision`, as data (report.render words it)."""
     limit = _limit(decision)
-    in_effect = decision.selection.upgrades if decision.selection else [c for c in decision.chosen]
-    by_name = {c.site.modules: c for c in in_effect if isinstance(c, Candidate)}
+    in_effect = decision.selection.upgrades if decision.selection else decision.chosen
     regions = [e for e in decision.chosen if isinstance(e, RegionCandidate) and e.kind == "region"]
-    for site in report.fused:
-        site.mode = report.mode
-        why = None
-        region = next((r for r in regions if site_in_region(site.modules, r.cost)), None)
-        if site.modules in by_name:
-            why = f"{limit}: {by_name[site.modules].describe()}"
-        elif region is not None:
-            why = (
-                f"{limit}: inside recomputed region {region.name}, pointwise form "
-                "(its conv is recomputed once, by the region)"
-            )
-        elif site.modules in decision.fallback_names and any(
-            isinstance(c, Candidate) and site.layers & c.site.layers for c in decision.rejected
-        ):
-            why = f"{limit}: pointwise recompute only"
-        if why:
-            site.reason = f"{why}; {site.reason}" if site.reason else why
-    for entry in decision.chosen:
-        if isinstance(entry, RegionCandidate):
-            report.regions.append(_region_choice(entry, limit, decision.flat_links))
-    for site in decision.idle:
-        report.skipped.append(
-            SkippedSite(
-                site.modules,
-                site.pattern,
-                "layer not recomputed: it would free nothing beyond its pointwise form (a BN→activation output "
-                "the next conv rebuilds anyway: recomputing the conv keeps its input instead, of the same size)",
-            )
-        )
-    for c in decision.rejected:
-        if decision.policy == "budget":
-            why = "the budget is met without it"
-        else:
-            why = f"above the auto limit of {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B"
-        if isinstance(c, Candidate):
-            report.skipped.append(
-                SkippedSite(c.site.modules, c.site.pattern, f"recompute not chosen: {c.describe()}, {why}")
-            )
-        else:
-            report.skipped.append(
-                SkippedSite(
-                    (c.name,),
-                    c.kind,
-                    f"{c.kind} not recomputed: {c.describe()} ({format_flops(c.cost.flops)} for "
-                    f"{format_bytes(c.marginal_bytes)}), {why}",
-                )
-            )
-    report.budget = decision.budget
-    report.eager_saved_bytes = decision.eager_bytes
-    report.selected_saved_bytes = decision.selected_bytes
-    report.budget_met = decision.met
-    report.peak_budget = decision.peak_budget
-    report.eager_peak_bytes = decision.eager_peak_bytes
-    report.selected_peak_bytes = decision.selected_peak_bytes
-    report.peak_budget_met = decision.peak_met
-    report.notes.extend(decision.notes)
-    if decision.met is not None:
-        report.notes.append(
-            f"memory budget {decision.budget:.2f}× {'met' if decision.met else 'NOT met'}: saved activations "
-            f"{format_bytes(decision.selected_bytes)} of eager's {format_bytes(decision.eager_bytes)} "
-            f"({decision.selected_bytes / decision.eager_bytes:.3f}×, counted on the meta device)"
-        )
-    if decision.eager_peak_bytes and decision.selected_peak_bytes is not None:
-        verdict = ""
-        if decision.peak_met is not None:
-            verdict = f"peak budget {decision.peak_budget:.2f}× {'met' if decision.peak_met else 'NOT met'}: "
-        report.notes.append(
-            f"{verdict}step peak {format_bytes(decision.selected_peak_bytes)} of eager's "
-            f"{format_bytes(decision.eager_peak_bytes)} "
-            f"({decision.selected_peak_bytes / decision.eager_peak_bytes:.3f}×, counted on the meta device)"
-        )
+    in_region = {}
+    for names in decision.fallback_names:
+        region = next((r for r in regions if site_in_region(names, r.cost)), None)
+        if region is not None:
+            in_region[names] = region.name
+    shares_layers = {p.names for c in decision.rejected if isinstance(c, Candidate) for p in c.fallback}
+    return Choice(
+        decision.policy,
+        limit,
+        AUTO_MAX_FLOPS_PER_BYTE,
+        upgrades={c.site.names: c.flops_per_byte for c in in_effect if isinstance(c, Candidate)},
+        in_region=in_region,
+        pointwise_only=frozenset(shares_layers & set(decision.fallback_names)),
+        regions=[
+            _region_choice(e, limit, decision.flat_links) for e in decision.chosen if isinstance(e, RegionCandidate)
+        ],
+        idle=list(decision.idle),
+        rejected=[_rejected(e) for e in decision.rejected],
+        budget=decision.budget,
+        eager_bytes=decision.eager_bytes,
+        selected_bytes=decision.selected_bytes,
+        met=decision.met,
+        peak_budget=decision.peak_budget,
+        eager_peak_bytes=decision.eager_peak_bytes,
+        selected_peak_bytes=decision.selected_peak_bytes,
+        peak_met=decision.peak_met,
+        notes=list(decision.notes),
+    )
+
+
+def _rejected(entry: Entry) -> Rejected:
+    if isinstance(entry, Candidate):
+        return Rejected(entry.site.names, entry.site.pattern, entry.flops_per_byte)
+    return Rejected((entry.name,), (entry.kind,), entry.flops_per_byte, True, entry.cost.flops, entry.marginal_bytes)

@@ -1,4 +1,5 @@
-"""FusionReport: what fxfuse fused, what it skipped and why, rendered with tabulate."""
+"""FusionReport: what fxfuse fused, what it skipped and why, rendered from the sites the passes
+found and the policy's Plan (`render`), and printed with tabulate. Nothing reads a report back."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from tabulate import tabulate
+
+from .plan import Choice, Findings, Plan, RegionChoice, SiteData, Skip
+
+__all__ = ["FusedSite", "FusionReport", "RegionChoice", "SkippedSite", "format_bytes", "format_flops", "render"]
 
 
 def format_bytes(n: Optional[float]) -> str:
@@ -27,9 +32,6 @@ def format_flops(n: Optional[float]) -> str:
     return f"{n:.0f} FLOP"
 
 
-_LAYER_PARTS = ("conv2d", "batch_norm2d", "linear", "layer_norm")  # pattern parts that name a layer, not an activation
-
-
 @dataclass
 class FusedSite:
     modules: tuple[str, ...]  # module paths (or scope:function for functional calls), in forward order
@@ -45,19 +47,11 @@ class FusedSite:
     # act_linear site: the layer-scale parameter its call was merged with (passes/layer_scale.py)
     merged_into: str = ""
     recompute_bytes: Optional[int] = None  # bytes a rebuild moves in backward (a copy, no FLOPs: passes/cat_input.py)
+    recomputes: bool = False  # recomputes a conv or linear layer in backward
 
     @property
     def name(self) -> str:
         return " + ".join(self.modules)
-
-    @property
-    def layers(self) -> frozenset:
-        """Its conv, BN and linear module names: what two sites on the same nodes share. Not its
-        activation's, since one activation module may serve several sites (LeNet's one nn.GELU)."""
-        parts = self.pattern.split("→")
-        if len(parts) != len(self.modules):
-            return frozenset(self.modules)
-        return frozenset(m for m, part in zip(self.modules, parts) if part in _LAYER_PARTS)
 
 
 @dataclass
@@ -69,17 +63,6 @@ class SkippedSite:
     @property
     def name(self) -> str:
         return " + ".join(self.modules)
-
-
-@dataclass
-class RegionChoice:
-    """A recompute region (or a link chaining two) that a budget chose (fusion/regions/ranking.py)."""
-
-    name: str
-    kind: str  # "region" or "link"
-    recompute_flops: int
-    saved_bytes: int  # activation bytes it frees, as estimated on the meta device
-    reason: str
 
 
 @dataclass
@@ -158,3 +141,112 @@ class FusionReport:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def pattern_text(pattern: tuple[str, ...]) -> str:
+    return "→".join(pattern)
+
+
+def skipped_site(skip: Skip) -> SkippedSite:
+    return SkippedSite(skip.names, pattern_text(skip.pattern), skip.reason)
+
+
+def render(
+    mode: str, found: Findings, plan: Plan = Plan(), layout: str = "", notes: tuple[str, ...] = ()
+) -> FusionReport:
+    """The user's report: the sites `found` (the final walk's), and, where a policy chose the plan,
+    what it chose and why; then `notes`."""
+    choice = plan.choice
+    report = FusionReport(mode, notes=list(found.notes), layout=layout)
+    report.fused = [_fused(site, mode, choice) for site in found.sites]
+    report.skipped = [skipped_site(s) for s in found.skipped]
+    if choice is not None:
+        _say_choice(report, choice)
+    report.notes.extend(notes)
+    return report
+
+
+def _fused(site: SiteData, mode: str, choice: Optional[Choice]) -> FusedSite:
+    fused = FusedSite(
+        site.names,
+        pattern_text(site.pattern),
+        site.activation,
+        site.op,
+        site.saved_bytes,
+        site.recompute_flops,
+        site.reason,
+        site.mode,
+        site.merged_into,
+        site.recomputes,
+    )
+    if choice is None:
+        return fused
+    fused.mode = mode
+    why = None
+    if site.names in choice.upgrades:
+        why = f"{choice.limit}: {_per_byte(choice.upgrades[site.names])}"
+    elif site.names in choice.in_region:
+        why = (
+            f"{choice.limit}: inside recomputed region {choice.in_region[site.names]}, pointwise form "
+            "(its conv is recomputed once, by the region)"
+        )
+    elif site.names in choice.pointwise_only:
+        why = f"{choice.limit}: pointwise recompute only"
+    if why:
+        fused.reason = f"{why}; {fused.reason}" if fused.reason else why
+    return fused
+
+
+def _per_byte(flops_per_byte: Optional[float]) -> str:
+    return "recompute cost unknown" if flops_per_byte is None else f"{flops_per_byte:.0f} FLOP/B"
+
+
+def _say_choice(report: FusionReport, choice: Choice) -> None:
+    report.regions.extend(choice.regions)
+    for site in choice.idle:
+        report.skipped.append(
+            SkippedSite(
+                site.names,
+                pattern_text(site.pattern),
+                "layer not recomputed: it would free nothing beyond its pointwise form (a BN→activation output "
+                "the next conv rebuilds anyway: recomputing the conv keeps its input instead, of the same size)",
+            )
+        )
+    if choice.policy == "budget":
+        why = "the budget is met without it"
+    else:
+        why = f"above the auto limit of {choice.auto_limit:.0f} FLOP/B"
+    for c in choice.rejected:
+        if not c.region:
+            reason = f"recompute not chosen: {_per_byte(c.flops_per_byte)}, {why}"
+        else:
+            kind = c.pattern[0]
+            reason = (
+                f"{kind} not recomputed: {_per_byte(c.flops_per_byte)} ({format_flops(c.recompute_flops)} for "
+                f"{format_bytes(c.freed_bytes)}), {why}"
+            )
+        report.skipped.append(SkippedSite(c.names, pattern_text(c.pattern), reason))
+    report.budget = choice.budget
+    report.eager_saved_bytes = choice.eager_bytes
+    report.selected_saved_bytes = choice.selected_bytes
+    report.budget_met = choice.met
+    report.peak_budget = choice.peak_budget
+    report.eager_peak_bytes = choice.eager_peak_bytes
+    report.selected_peak_bytes = choice.selected_peak_bytes
+    report.peak_budget_met = choice.peak_met
+    report.notes.extend(choice.notes)
+    if choice.met is not None:
+        report.notes.append(
+            f"memory budget {choice.budget:.2f}× {'met' if choice.met else 'NOT met'}: saved activations "
+            f"{format_bytes(choice.selected_bytes)} of eager's {format_bytes(choice.eager_bytes)} "
+            f"({choice.selected_bytes / choice.eager_bytes:.3f}×, counted on the meta device)"
+        )
+    if choice.eager_peak_bytes and choice.selected_peak_bytes is not None:
+        verdict = ""
+        if choice.peak_met is not None:
+            verdict = f"peak budget {choice.peak_budget:.2f}× {'met' if choice.peak_met else 'NOT met'}: "
+        report.notes.append(
+            f"{verdict}step peak {format_bytes(choice.selected_peak_bytes)} of eager's "
+            f"{format_bytes(choice.eager_peak_bytes)} "
+            f"({choice.selected_peak_bytes / choice.eager_peak_bytes:.3f}×, counted on the meta device)"
+        )

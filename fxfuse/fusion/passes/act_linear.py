@@ -24,7 +24,7 @@ from torch import nn
 from ... import ops
 from .. import runtime
 from . import estimates
-from .calls import as_linear, is_inplace, pattern_name
+from .calls import as_linear, is_inplace
 from .context import PassContext
 from .driver import FusionPass, Site
 from .matchers import activation_of, first_input, has_hooks, site_name
@@ -68,7 +68,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
         if between:  # modules between an activation and a functional linear: not worth a form of its own
             return None
     names = (site_name(node), site_name(linear))
-    pattern = pattern_name(act.describe(), "linear")
+    pattern = (act.describe(), "linear")
     if problem:
         return Site(names, pattern, problem)
     name, param = act.name, act.param

@@ -14,7 +14,7 @@ import torch.fx as fx
 from ... import ops
 from .. import runtime
 from . import estimates
-from .calls import ActivationUse, LayerCall, activation_after, as_batch_norm, as_conv, bn_activation, pattern_name
+from .calls import ActivationUse, LayerCall, activation_after, as_batch_norm, as_conv, bn_activation
 from .context import PassContext
 from .driver import FusionPass, Site
 from .matchers import first_input, site_name
@@ -47,7 +47,7 @@ def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
     if act is None or act.activation.name == "none":
         return None
     names = (bn.name if bn else site_name(bn_node),) + (() if act.own else (site_name(act.node),))
-    pattern = pattern_name("batch_norm2d", act.activation.describe())
+    pattern = ("batch_norm2d", act.activation.describe())
     if problem:
         return Site(names, pattern, problem)
     saved = estimates.activation_input_bytes(ctx.shapes, bn_node, act.activation.name, act.inplace)

@@ -225,7 +225,3 @@ def _uses(user: fx.Node, node: fx.Node) -> int:
     flat: list[fx.Node] = []
     fx.node.map_arg((user.args, user.kwargs), flat.append)
     return sum(1 for n in flat if n is node)
-
-
-def pattern_name(*parts: str) -> str:
-    return "→".join(parts)

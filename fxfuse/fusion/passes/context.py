@@ -8,7 +8,7 @@ from typing import Optional
 import torch.fx as fx
 from torch import nn
 
-from ..report import FusionReport
+from ..plan import Findings
 
 
 @dataclass
@@ -16,10 +16,10 @@ class PassContext:
     graph: fx.Graph
     root: nn.Module
     mode: str  # "memory" or "fast" (Options.pass_mode): which passes run
-    report: FusionReport
+    found: Findings  # the sites rewritten and skipped
     # Fake-propagated tensor metadata of the traced graph, when example inputs were given.
     shapes: dict[fx.Node, object] = field(default_factory=dict)
-    # Sites (tuples of module names) the policy excludes; None means every site is allowed.
+    # The sites (tuples of names) the plan lets the passes rewrite; None means every site.
     allowed: Optional[set[tuple[str, ...]]] = None
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ import torch.fx as fx
 from ... import ops
 from .. import runtime
 from . import estimates
-from .calls import ActivationUse, LayerCall, as_batch_norm, as_conv, bn_activation, conv_arguments, pattern_name
+from .calls import ActivationUse, LayerCall, as_batch_norm, as_conv, bn_activation, conv_arguments
 from .context import PassContext
 from .driver import FusionPass, Site
 from .matchers import first_input, reads_only_metadata, site_name
@@ -95,7 +95,7 @@ def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
     names = (conv.name if conv else site_name(src), bn.name if bn else site_name(bn_node))
     if act is not None and not act.own:
         names += (site_name(act.node),)
-    pattern = pattern_name("conv2d", "batch_norm2d", *([act.activation.describe()] if act else []))
+    pattern = ("conv2d", "batch_norm2d", *([act.activation.describe()] if act else []))
     problem = bn_problem or conv_problem or _problem(conv, bn)
     if problem:
         return Site(names, pattern, problem)
@@ -114,7 +114,7 @@ def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
     )
 
 
-PASS = FusionPass(match, modes=("memory",))
+PASS = FusionPass(match, modes=("memory",), recomputes=True)
 
 
 def _weight_shape(conv: LayerCall, ctx: PassContext):

@@ -19,7 +19,7 @@ import torch.fx as fx
 from ... import ops
 from ..known_modules import is_conv2d_same
 from . import estimates
-from .calls import as_conv, conv_arguments, conv_weight_shape, pattern_name
+from .calls import as_conv, conv_arguments, conv_weight_shape
 from .context import PassContext
 from .driver import FusionPass, Site
 from .layer_norm_linear import norm_linear_at, redirect_shape_reads
@@ -66,7 +66,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     saved = [estimates.nbytes(ctx.shapes, n) for n in (conv_node, found.norm)]
     return Site(
         names,
-        pattern_name("conv2d", "layer_norm", "linear"),
+        ("conv2d", "layer_norm", "linear"),
         chain=[conv_node, found.source, found.norm, found.linear],
         build=build,
         prepare=lambda: redirect_shape_reads(found),
@@ -77,7 +77,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     )
 
 
-PASS = FusionPass(match, modes=("memory",))
+PASS = FusionPass(match, modes=("memory",), recomputes=True)
 
 
 def _flops(ctx: PassContext, node: fx.Node, conv) -> Optional[int]:

@@ -55,7 +55,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
 
     return Site(
         (site_name(node),),
-        "depthwise_conv",
+        ("depthwise_conv",),
         chain=[node],
         build=build,
         op="fxfuse::conv2d",

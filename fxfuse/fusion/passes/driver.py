@@ -3,7 +3,8 @@
 A pass is a `FusionPass`: the modes it runs in and a matcher, `node -> Site | None`.
 The matcher decides what a site is and how to build its replacement; the driver does
 the rest the same way for every pattern: skipped sites with their reasons, the
-policy's allowed-site filter, `rewrite.replace_chain`, and the report entry.
+plan's site selection, `rewrite.replace_chain`, and the site's data (plan.SiteData) for
+the policy and the report.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Callable, Optional, Sequence
 import torch.fx as fx
 
 from .. import user_checkpoint
-from ..report import FusedSite, SkippedSite
+from ..plan import SiteData, Skip
 from .context import PassContext
 from .rewrite import replace_chain
 
-SITE_META = "fxfuse_site"  # node.meta key: the FusedSite a rewritten node reports (a later pass may merge it)
+SITE_META = "fxfuse_site"  # node.meta key: the SiteData of a rewritten node (a later pass may merge it)
 
 
 @dataclass
@@ -26,7 +27,7 @@ class Site:
     """One match: either a `problem` (why it is not fused) or what replaces which nodes."""
 
     names: tuple[str, ...]  # module paths (or scope:function), in forward order: the site's identity
-    pattern: str
+    pattern: tuple[str, ...]  # the kind of each call, e.g. ("conv2d", "batch_norm2d", "relu")
     problem: Optional[str] = None
     chain: Sequence[fx.Node] = ()  # the nodes replaced, producer first
     build: Optional[Callable[[], fx.Node]] = None  # makes the replacement (at the chain's last node)
@@ -43,6 +44,7 @@ class Site:
 class FusionPass:
     match: Callable[[fx.Node, PassContext], Optional[Site]]
     modes: tuple[str, ...] = ("memory", "fast")  # the passes' modes (Options.pass_mode) it runs in
+    recomputes: bool = False  # its sites recompute a conv or linear layer in backward (the policy's upgrades)
 
     def __call__(self, ctx: PassContext) -> int:
         if ctx.mode not in self.modes:
@@ -55,10 +57,10 @@ class FusionPass:
             if site is None:
                 continue
             if site.problem:
-                ctx.report.skipped.append(SkippedSite(site.names, site.pattern, site.problem))
+                ctx.found.skipped.append(Skip(site.names, site.pattern, site.problem))
                 continue
             if not user_checkpoint.one_region((*site.chain, *site.also_replace)):
-                ctx.report.skipped.append(SkippedSite(site.names, site.pattern, user_checkpoint.CROSSES))
+                ctx.found.skipped.append(Skip(site.names, site.pattern, user_checkpoint.CROSSES))
                 continue
             if ctx.allowed is not None and site.names not in ctx.allowed:
                 continue
@@ -68,17 +70,18 @@ class FusionPass:
             new = replace_chain(ctx.graph, site.chain, site.build, also_replace=site.also_replace)
             if last in ctx.shapes:  # later passes read the rewritten node's shape
                 ctx.shapes[new] = ctx.shapes[last]
-            fused_site = FusedSite(
+            data = SiteData(
                 site.names,
                 site.pattern,
-                site.activation,
                 site.op,
+                site.activation,
+                self.recomputes,
                 site.saved_bytes,
                 site.recompute_flops,
                 site.reason,
                 ctx.mode,
             )
-            new.meta[SITE_META] = fused_site  # a later pass may merge the node and update its entry
-            ctx.report.fused.append(fused_site)
+            new.meta[SITE_META] = data  # a later pass may merge the node and update its data
+            ctx.found.sites.append(data)
             fused += 1
         return fused

@@ -66,17 +66,17 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     if problem is None and x is None:
         problem = "GELU input is not a traced tensor"
     if problem:
-        return Site(names, "gelu", problem)
-    pattern = "gelu" if approximate != "tanh" else "gelu_tanh"
+        return Site(names, ("gelu",), problem)
+    kind = "gelu" if approximate != "tanh" else "gelu_tanh"
     rewrite, why = _decision(x, approximate, ctx)
     if not rewrite:
-        return Site(names, pattern, why)
+        return Site(names, (kind,), why)
     return Site(
         names,
-        pattern,
+        (kind,),
         chain=[node],
         build=lambda: ctx.graph.call_function(runtime.gelu_where_faster, (x,), {"approximate": approximate}),
-        activation=pattern,
+        activation=kind,
         op="fxfuse::gelu",
         saved_bytes=0 if ctx.shapes else None,
         recompute_flops=0 if ctx.shapes else None,

@@ -28,7 +28,7 @@ from torch import nn
 from ... import ops
 from .. import runtime
 from . import estimates
-from .calls import as_linear, pattern_name
+from .calls import as_linear
 from .context import PassContext
 from .driver import FusionPass, Site
 from .matchers import first_input, hooks_problem, reads_only_metadata, site_name
@@ -142,7 +142,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     found = norm_linear_at(node, ctx)
     if found is None:
         return None
-    pattern = pattern_name("layer_norm", "linear")
+    pattern = ("layer_norm", "linear")
     if found.problem:
         return Site(found.names, pattern, found.problem)
     source, modules = found.source, found.modules()

@@ -125,7 +125,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
 
     return Site(
         (linear_name, parameter.target),
-        "linear→layer_scale",
+        ("linear", "layer_scale"),
         chain=chain[::-1],
         build=build,
         op="fxfuse::act_linear_scale",

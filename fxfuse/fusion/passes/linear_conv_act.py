@@ -19,7 +19,7 @@ from torch import nn
 from ... import ops
 from .. import runtime
 from . import estimates
-from .calls import activation_after, as_conv, as_linear, pattern_name
+from .calls import activation_after, as_conv, as_linear
 from .context import PassContext
 from .driver import FusionPass, Site
 from .matchers import site_name
@@ -49,7 +49,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     if args is None and problem is None:
         return None
     names = (site_name(node), site_name(act.node))
-    pattern = pattern_name(kind, act.activation.describe())
+    pattern = (kind, act.activation.describe())
     if problem:
         return Site(names, pattern, problem)
     name, param = act.activation.name, act.activation.param
@@ -75,7 +75,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     )
 
 
-PASS = FusionPass(match, modes=("memory",))
+PASS = FusionPass(match, modes=("memory",), recomputes=True)
 
 
 def _flops(ctx: PassContext, node: fx.Node, kind: str) -> Optional[int]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from ..report import FusedSite
+from ..plan import SiteData
 from .costs import LinkCost, Profile, RegionCost
 
 
@@ -30,15 +30,15 @@ from .costs import LinkCost, Profile, RegionCost
 class Candidate:
     """An upgrade: `site` as mode="memory" fuses it, replacing the pointwise sites in `fallback`."""
 
-    site: FusedSite
-    fallback: list[FusedSite]
+    site: SiteData
+    fallback: list[SiteData]
     marginal_bytes: Optional[int]
     flops_per_byte: Optional[float]
     kind: str = "upgrade"
 
     @property
     def name(self) -> str:
-        return self.site.name
+        return " + ".join(self.site.names)
 
     def describe(self) -> str:
         if self.flops_per_byte is None:
@@ -115,7 +115,7 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
     entries.sort(key=key)
     ranked, regions_so_far = [], []
     for e in entries:
-        if isinstance(e, Candidate) and any(site_in_region(e.site.modules, r) for r in regions_so_far):
+        if isinstance(e, Candidate) and any(site_in_region(e.site.names, r) for r in regions_so_far):
             continue
         if isinstance(e, RegionCandidate) and e.kind == "region":
             regions_so_far.append(e.cost)
@@ -148,17 +148,15 @@ def _groups(regions: list[RegionCandidate], links: list[RegionCandidate], order:
     return tuple(tuple(g) for g in groups)
 
 
-def select(prefix: list[Entry], pointwise: list[FusedSite], region_order: list[str]) -> Selection:
+def select(prefix: list[Entry], pointwise: list[SiteData], region_order: list[str]) -> Selection:
     regions = [e for e in prefix if isinstance(e, RegionCandidate) and e.kind == "region"]
     links = [e for e in prefix if isinstance(e, RegionCandidate) and e.kind == "link"]
     upgrades = [
-        e
-        for e in prefix
-        if isinstance(e, Candidate) and not any(site_in_region(e.site.modules, r.cost) for r in regions)
+        e for e in prefix if isinstance(e, Candidate) and not any(site_in_region(e.site.names, r.cost) for r in regions)
     ]
     taken = {name for c in upgrades for name in c.site.layers}
-    fallback = {p.modules for p in pointwise if not p.layers & taken}
-    allowed = frozenset({c.site.modules for c in upgrades} | fallback)
+    fallback = {p.names for p in pointwise if not p.layers & taken}
+    allowed = frozenset({c.site.names for c in upgrades} | fallback)
     return Selection(allowed, fallback, _groups(regions, links, region_order), upgrades, regions, links)
 
 
