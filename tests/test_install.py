@@ -8,8 +8,7 @@ from torch import nn
 
 from fxfuse.fusion import install
 from fxfuse.fusion.capture import Captures
-from fxfuse.fusion.plan import Options
-from fxfuse.fusion.plan import Findings
+from fxfuse.fusion.plan import Findings, Options
 from fxfuse.testing import assert_equivalent
 
 

@@ -1,6 +1,6 @@
-"""fusion/plan.py: a plan scoped to a submodule keeps what lies under it, with names relative to it."""
+"""fusion/plan.py: a plan scoped to a submodule keeps what lies under it, with names relative to it; what a site is."""
 
-from fxfuse.fusion.plan import Options, Plan
+from fxfuse.fusion.plan import Choice, Options, Plan, SiteData
 
 
 def test_scoped_keeps_the_names_under_the_path():
@@ -28,3 +28,24 @@ def test_options_scope_their_plan_and_keep_the_rest():
     assert (scoped.mode, scoped.memory_budget, scoped.channels_last) == ("auto", 0.5, True)
     assert scoped.plan.sites == {("conv",)}
     assert Options("fast").pass_mode == "fast" and Options("auto").pass_mode == "memory"
+
+
+def test_a_sites_layers_are_its_named_layers_not_its_activation():
+    site = SiteData(("conv", "bn", "act"), ("conv2d", "batch_norm2d", "relu"), "fxfuse::conv_bn_act")
+    assert site.layers == {"conv", "bn"}
+    linear = SiteData(("fc", "scale"), ("linear", "layer_scale"), "fxfuse::act_linear_scale")
+    assert linear.layers == {"fc"}
+
+
+def test_an_activation_without_a_name_of_its_own_makes_every_name_a_layer():
+    # timm's BatchNormAct2d: the activation runs inside the BN module, so the site has one name less.
+    site = SiteData(("conv", "bn"), ("conv2d", "batch_norm2d", "relu"), "fxfuse::conv_bn_act")
+    assert site.layers == {"conv", "bn"}
+    bn_act = SiteData(("bn",), ("batch_norm2d", "silu"), "fxfuse::batch_norm_act")
+    assert bn_act.layers == {"bn"}
+
+
+def test_the_choice_is_not_part_of_a_plans_identity():
+    choice = Choice("budget", "budget 0.30×")
+    assert Plan(frozenset(), choice=choice) == Plan(frozenset())
+    assert Plan(frozenset({("a.conv",)}), choice=choice).scoped("a").choice is None  # only the whole model's plan

@@ -2,9 +2,9 @@
 
 import pytest
 
+from fxfuse.fusion.plan import SiteData
 from fxfuse.fusion.regions import ranking
 from fxfuse.fusion.regions.costs import LinkCost, Profile, RegionCost
-from fxfuse.fusion.plan import SiteData
 
 
 def _upgrade(conv, bn, ratio, marginal=100):

@@ -3,8 +3,8 @@
 Each entry of PASSES is a `Pass`: a callable `(ctx: PassContext) -> int` (number of sites
 rewritten) and why it runs where it does. The fusing passes are `driver.FusionPass`es: a
 matcher per pattern, one driver that records skipped sites with their reasons, applies the
-plan's site selection, rewrites through `rewrite.replace_chain` and reports. `bn_act_conv`
-merges sites the others rewrote, crediting the BN site's report entry; `inplace_add` rewrites
+plan's site selection, rewrites through `rewrite.replace_chain` and records each site's data. `bn_act_conv`
+merges sites the others rewrote, crediting the BN site's data; `inplace_add` rewrites
 through `replace_chain` too, but reports no sites (it saves an allocation, not memory).
 """
 

@@ -9,7 +9,7 @@ for its weight gradient; the merged op keeps only the BN input (which the BN sit
 keeps anyway) and rebuilds the activation output in backward with one pointwise pass.
 No convolution runs more often than before.
 
-The BN site's report entry takes the credit: its op becomes fxfuse::bn_act_conv and
+The BN site's data takes the credit: its op becomes fxfuse::bn_act_conv and
 its saved bytes include the activation output.
 """
 

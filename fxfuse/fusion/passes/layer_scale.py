@@ -109,7 +109,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     parameter = scale
     while parameter.op != "get_attr":
         parameter = parameter.args[0]
-    merged = y.meta.get(SITE_META) if y.op == "call_function" else None  # the act_linear site's report entry
+    merged = y.meta.get(SITE_META) if y.op == "call_function" else None  # the act_linear site's data
 
     def build():
         if merged is not None:
