@@ -1,13 +1,16 @@
 """The fusion pipeline behind `fxfuse.optimize`, in the order one call runs it:
 
     capture (tracing, state_guard)  trace each traceable root once per train/eval mode
-    passes/                         find sites: a matcher per pattern, one driver that rewrites and reports
-    policy (counts, regions/)       choose: which sites, recompute regions and links, as a Plan (plan.py)
+    passes/                         find sites: a matcher per pattern, one driver that rewrites and
+                                    records each site's data (plan.SiteData)
+    policy (counts, regions/)       choose from those sites: which sites, recompute regions and links,
+                                    as a Plan (plan.py) that also says why
     apply                           the plan applied to a copy of each captured graph
     install                         the class swap, the graph cache, the other train/eval mode
+    report                          the FusionReport, rendered from the final sites and the Plan
     optimize                        optimize / explain: the steps above, in that order
 
-`runtime` and `regions/recompute` are what rewritten graphs call; `report` the FusionReport.
+`runtime` and `regions/recompute` are what rewritten graphs call.
 Which module may import which: docs/design.md "Layers", checked by `make lint` (import-linter
 contracts in pyproject.toml). (`_rebuild` stays importable here: pickles of optimized models
 name it `fxfuse.fusion._rebuild`.)
