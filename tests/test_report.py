@@ -5,6 +5,7 @@ from torch import nn
 
 import fxfuse
 from fxfuse.fusion.plan import Choice, Findings, Plan, RegionChoice, Rejected, SiteData, Skip
+from fxfuse.fusion.regions.costs import RegionCost
 from fxfuse.fusion.report import render
 
 
@@ -51,7 +52,7 @@ def test_the_choice_is_worded_from_data():
         "budget",
         "budget 0.30×",
         upgrades={("c1", "b1", "r1"): 22.4, ("c2", "b2"): None},
-        in_region={("blk.b", "blk.r"): "blk"},
+        recomputed_regions=[RegionCost("blk", "block", ("blk.conv", "blk.b"), flops=5000, freed_bytes=300)],
         pointwise_only=frozenset({("b3", "r3")}),
         regions=[region],
         idle=[SiteData(("c5", "b5", "r5"), ("conv2d", "batch_norm2d", "relu"), "fxfuse::conv_bn_act")],

@@ -36,9 +36,11 @@ class SiteData:
     recompute_flops: Optional[int] = None  # extra work in backward
     reason: str = ""  # what is kept and what is recomputed (or why it is faster)
     mode: str = ""  # the passes' mode that found it
-    # fxfuse::bn_act_conv: the conv whose input this site's output is (passes/bn_act_conv.py); an
-    # act_linear site: the layer-scale parameter its call was merged with (passes/layer_scale.py)
+    # fxfuse::bn_act_conv: the conv whose input this site's output is (passes/bn_act_conv.py); a cat: the
+    # fused op it is the input of (passes/cat_input.py); an act_linear site: the layer-scale parameter
+    # its call was merged with (passes/layer_scale.py)
     merged_into: str = ""
+    recompute_bytes: Optional[int] = None  # bytes a rebuild moves in backward (a copy, no FLOPs: passes/cat_input.py)
 
     @property
     def layers(self) -> frozenset:
@@ -48,6 +50,18 @@ class SiteData:
         if len(self.pattern) != len(self.names):
             return frozenset(self.names)
         return frozenset(n for n, kind in zip(self.names, self.pattern) if kind in LAYER_KINDS)
+
+
+def site_in_region(names: tuple[str, ...], region) -> bool:
+    """Whether a site (its names: module paths, or 'scope:function') runs inside `region` (a
+    regions.costs.RegionCost: its name, kind, and the modules it calls)."""
+    for name in names:
+        scope = name.split(":", 1)[0] if ":" in name else name
+        if scope in region.modules:
+            return True
+        if region.kind == "block" and (scope == region.name or scope.startswith(region.name + ".")):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,9 @@ class Choice:
     limit: str  # what decided, e.g. "budget 0.30×"
     auto_limit: Optional[float] = None  # mode="auto": the FLOP/B an upgrade may cost at most
     upgrades: dict = field(default_factory=dict)  # names of each upgrade taken -> its FLOP/B (None: unknown)
-    in_region: dict = field(default_factory=dict)  # names of a site inside a chosen region -> the region's name
+    # The regions chosen (regions.costs.RegionCost: name, kind, modules), in ranking order: a site inside
+    # one (site_in_region) runs in its pointwise form there.
+    recomputed_regions: list = field(default_factory=list)
     pointwise_only: frozenset = frozenset()  # names of pointwise sites kept in place of a rejected upgrade
     regions: list[RegionChoice] = field(default_factory=list)  # regions and links chosen
     idle: list[SiteData] = field(default_factory=list)  # mode="memory": upgrades left out as freeing nothing

@@ -51,7 +51,7 @@ from .counts import Counts
 from .plan import Choice, Plan, RegionChoice, Rejected, SiteData
 from .regions import ranking
 from .regions.costs import Profile
-from .regions.ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select, site_in_region
+from .regions.ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select
 from .tracing import first_line
 
 # mode="auto" takes an upgrade when one backward recompute costs at most this many FLOPs
@@ -393,19 +393,14 @@ def choice_of(decision: Decision) -> Choice:
     """What the report says about `decision`, as data (report.render words it)."""
     limit = _limit(decision)
     in_effect = decision.selection.upgrades if decision.selection else decision.chosen
-    regions = [e for e in decision.chosen if isinstance(e, RegionCandidate) and e.kind == "region"]
-    in_region = {}
-    for names in decision.fallback_names:
-        region = next((r for r in regions if site_in_region(names, r.cost)), None)
-        if region is not None:
-            in_region[names] = region.name
+    regions = [e.cost for e in decision.chosen if isinstance(e, RegionCandidate) and e.kind == "region"]
     shares_layers = {p.names for c in decision.rejected if isinstance(c, Candidate) for p in c.fallback}
     return Choice(
         decision.policy,
         limit,
         AUTO_MAX_FLOPS_PER_BYTE,
         upgrades={c.site.names: c.flops_per_byte for c in in_effect if isinstance(c, Candidate)},
-        in_region=in_region,
+        recomputed_regions=regions,
         pointwise_only=frozenset(shares_layers & set(decision.fallback_names)),
         regions=[
             _region_choice(e, limit, decision.flat_links) for e in decision.chosen if isinstance(e, RegionCandidate)

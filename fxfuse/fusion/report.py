@@ -8,7 +8,7 @@ from typing import Optional
 
 from tabulate import tabulate
 
-from .plan import Choice, Findings, Plan, RegionChoice, SiteData, Skip
+from .plan import Choice, Findings, Plan, RegionChoice, SiteData, Skip, site_in_region
 
 __all__ = ["FusedSite", "FusionReport", "RegionChoice", "SkippedSite", "format_bytes", "format_flops", "render"]
 
@@ -177,17 +177,19 @@ def _fused(site: SiteData, mode: str, choice: Optional[Choice]) -> FusedSite:
         site.reason,
         site.mode,
         site.merged_into,
+        site.recompute_bytes,
         site.recomputes,
     )
     if choice is None:
         return fused
     fused.mode = mode
     why = None
+    region = next((r for r in choice.recomputed_regions if site_in_region(site.names, r)), None)
     if site.names in choice.upgrades:
         why = f"{choice.limit}: {_per_byte(choice.upgrades[site.names])}"
-    elif site.names in choice.in_region:
+    elif region is not None:
         why = (
-            f"{choice.limit}: inside recomputed region {choice.in_region[site.names]}, pointwise form "
+            f"{choice.limit}: inside recomputed region {region.name}, pointwise form "
             "(its conv is recomputed once, by the region)"
         )
     elif site.names in choice.pointwise_only:

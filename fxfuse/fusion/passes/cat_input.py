@@ -18,7 +18,7 @@ without, where some piece is kept anyway and the others are not views). Sites ar
 together: a cat stays rewritten while it frees bytes given the others.
 
 Each site is reported with what it frees and its cost, the bytes the rebuild moves in backward
-(`FusedSite.recompute_bytes`: the pieces read and the concatenation written).
+(`SiteData.recompute_bytes`: the pieces read and the concatenation written).
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ from torch import nn
 from ... import ops
 from .. import runtime, user_checkpoint
 from ..known_modules import is_conv2d_same
-from ..report import FusedSite, SkippedSite, format_bytes
+from ..plan import SiteData, Skip
+from ..report import format_bytes
 from . import estimates
 from .context import PassContext
 from .matchers import conv_module_problem, site_name
 from .rewrite import replace_chain
 
-PATTERN = "cat→fused op"
+PATTERN = ("cat", "fused op")
 CATS = (torch.cat, torch.concat, torch.concatenate)
 
 # Fused calls that take `pieces=` for their input: the runtime module forms (input: args[0]) and the
@@ -230,9 +231,7 @@ def run(ctx: PassContext) -> int:
         ):
             problem = "a piece is written in place later: backward must not read the pieces"
         if problem is not None:
-            ctx.report.skipped.append(
-                SkippedSite((site_name(node),), PATTERN, f"cat not rebuilt in backward: {problem}")
-            )
+            ctx.found.skipped.append(Skip((site_name(node),), PATTERN, f"cat not rebuilt in backward: {problem}"))
             continue
         candidates.append(_Candidate(node, consumer, pieces))
 
@@ -252,8 +251,8 @@ def run(ctx: PassContext) -> int:
         chosen = still
     for c in candidates:
         if c not in chosen:
-            ctx.report.skipped.append(
-                SkippedSite(
+            ctx.found.skipped.append(
+                Skip(
                     (site_name(c.cat),),
                     PATTERN,
                     "cat not rebuilt in backward: its pieces are kept by nothing else, so keeping them instead of "
@@ -291,19 +290,18 @@ def _rewrite(ctx: PassContext, c: _Candidate, freed: Optional[int]) -> None:
         f"{op} keeps {kept} in place of the concatenation ({format_bytes(cat_bytes)}), which backward rebuilds "
         f"for {consumer}: a copy, {format_bytes(moved)} moved, no FLOPs"
     )
-    ctx.report.fused.append(
-        FusedSite(
+    ctx.found.sites.append(
+        SiteData(
             (site_name(c.cat),),
             PATTERN,
-            "",
             op,
-            freed,
-            0,
-            reason,
-            ctx.mode,
+            saved_bytes=freed,
+            recompute_flops=0,
+            reason=reason,
+            mode=ctx.mode,
             merged_into=consumer,
             recompute_bytes=moved,
-        )  # fmt: skip
+        )
     )
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from ..plan import SiteData
+from ..plan import SiteData, site_in_region
 from .costs import LinkCost, Profile, RegionCost
 
 
@@ -68,17 +68,6 @@ class RegionCandidate:
 
 
 Entry = Union[Candidate, RegionCandidate]
-
-
-def site_in_region(site_modules: tuple[str, ...], region: RegionCost) -> bool:
-    """Whether a site (module paths, or 'scope:function') runs inside `region`."""
-    for name in site_modules:
-        scope = name.split(":", 1)[0] if ":" in name else name
-        if scope in region.modules:
-            return True
-        if region.kind == "block" and (scope == region.name or scope.startswith(region.name + ".")):
-            return True
-    return False
 
 
 # A FLOP recomputed by a region costs more time than one recomputed inside a fused site: the
