@@ -12,8 +12,11 @@ import fxfuse
 from fxfuse.fusion import install as install_module
 from fxfuse.fusion import passes
 from fxfuse.fusion.passes import cat_input
+from fxfuse.fusion.report import pattern_text
 from fxfuse.measure import saved_activation_bytes
 from fxfuse.testing import assert_equivalent
+
+CAT_PATTERN = pattern_text(cat_input.PATTERN)  # as the report prints it
 
 F64 = torch.float64
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -114,11 +117,11 @@ class WrittenLater(nn.Module):
 
 
 def _cat_sites(model):
-    return [s for s in model.fxfuse_report.fused if s.pattern == cat_input.PATTERN]
+    return [s for s in model.fxfuse_report.fused if s.pattern == CAT_PATTERN]
 
 
 def _cat_skips(model):
-    return [s for s in model.fxfuse_report.skipped if s.pattern == cat_input.PATTERN]
+    return [s for s in model.fxfuse_report.skipped if s.pattern == CAT_PATTERN]
 
 
 def _without_pass(monkeypatch):
@@ -158,9 +161,9 @@ def test_densenet_saves_what_the_report_says(monkeypatch):
 def test_torchvision_densenet121_keeps_every_concatenation_out():
     model = torchvision.models.densenet121()
     report = fxfuse.explain(model, torch.randn(1, 3, 32, 32))
-    sites = [s for s in report.fused if s.pattern == cat_input.PATTERN]
+    sites = [s for s in report.fused if s.pattern == CAT_PATTERN]
     assert len(sites) == 58 + 4  # 58 dense layers, 3 transitions and norm5
-    assert not [s for s in report.skipped if s.pattern == cat_input.PATTERN]
+    assert not [s for s in report.skipped if s.pattern == CAT_PATTERN]
 
 
 def test_without_example_inputs_the_graph_decides():
