@@ -12,4 +12,4 @@ def test_every_pass_is_declared_the_same_way_with_a_reason():
 def test_inplace_add_runs_last():
     # It adds into fused outputs, which exist only once every site is rewritten.
     assert PASSES[-1].run.__module__.endswith("inplace_add")
-    assert sum(not isinstance(p.run, FusionPass) for p in PASSES) == 2  # bn_act_conv and inplace_add merge
+    assert sum(not isinstance(p.run, FusionPass) for p in PASSES) == 3  # bn_act_conv, cat_input and inplace_add
