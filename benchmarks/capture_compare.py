@@ -240,7 +240,10 @@ def measure_composition(row: Row, model: nn.Module, x: torch.Tensor, exactness: 
         row.fxfuse_on_dynamo_notes.extend(sorted({s.reason for s in report.skipped})[:3])
 
     torch._dynamo.reset()
-    torch.compile(copy.deepcopy(model), backend=Collect(then=fuse))(x)
+    try:
+        torch.compile(copy.deepcopy(model), backend=Collect(then=fuse))(x)
+    except Exception as exc:  # noqa: BLE001 - dynamo itself may fail around fxfuse: a result
+        row.fxfuse_on_dynamo_notes.append(_last_line(exc))
     if exactness:
         torch._dynamo.reset()
         candidate = torch.compile(copy.deepcopy(model), backend=_fxfuse_backend)
@@ -369,18 +372,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated wild zoo models")
     parser.add_argument("--repeats", type=int, default=20, help="calls per timing (the minimum is reported)")
-    parser.add_argument("--skip-exactness", action="store_true", help="skip the float64 compile exactness check")
+    parser.add_argument("--skip-exactness", action="store_true", help="skip the float64 compile exactness checks")
+    parser.add_argument("--exactness-models", help="comma-separated: run the exactness checks on these only")
     parser.add_argument("--json", help="also write every row here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
+    exact = set(args.exactness_models.split(",")) if args.exactness_models else None
     for name in args.models.split(","):
         try:
-            rows.append(run(name, args.repeats, not args.skip_exactness))
+            rows.append(run(name, args.repeats, not args.skip_exactness and (exact is None or name in exact)))
         except ImportError as exc:
             print(f"  {name}: skipped ({exc})", file=sys.stderr)
             continue
-        print(f"  {name}: done", file=sys.stderr, flush=True)
+        print(f"  {name}: {json.dumps(asdict(rows[-1]))}", file=sys.stderr, flush=True)
     print(tables(rows))
     for r in rows:
         for leaf in r.fxfuse_leaves:
