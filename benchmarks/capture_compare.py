@@ -12,14 +12,14 @@ train mode, float32, the zoo's input, one intra-op thread:
 * capture time: `fxfuse.optimize(model, x)` (traces and rewrites the train and eval graphs) against dynamo's
   first compiled call in train mode plus the first in eval mode (a recompile), with a backend that only collects
   the graphs (`backend=collect`: the captured graphs run as they are);
-* per-call overhead at batch 1: fxfuse's key check and dispatch (the optimized model's call minus a direct call
-  of its compiled graph) and dynamo's guards and frame handling (`torch.compile(model, backend=collect)`'s call
-  minus direct calls of the graphs it captured, where it captured one graph); eager, dynamo and fxfuse forwards
-  for scale. Minimum of `--repeats` calls;
-* composition: dynamo over the optimized model (`torch._dynamo.explain(fxfuse.optimize(m))`: graphs, breaks;
-  and float64 exactness of `torch.compile(fxfuse.optimize(m), backend="aot_eager")` against eager over two
-  train steps plus eval, `fxfuse.testing.assert_equivalent`), and fxfuse run on a graph dynamo captured
-  (`fxfuse.optimize(gm, example_inputs)` inside the backend): the sites it fuses there.
+* per-call overhead at batch 1 (the zoo's batch where eager rejects 1): fxfuse's key check and dispatch (the
+  optimized model's call minus a direct call of its compiled graph) and dynamo's guards and frame handling
+  (`torch.compile(model, backend=collect)`'s call minus direct calls of the graphs it captured, where it captured
+  one graph); eager, dynamo and fxfuse forwards for scale. Minimum of `--repeats` interleaved calls;
+* composition: dynamo over the optimized model (`torch._dynamo.explain(fxfuse.optimize(m))`: graphs, breaks; and
+  float64 exactness of `torch.compile(fxfuse.optimize(m), backend="aot_eager")` against eager over two train
+  steps plus eval, `fxfuse.testing.assert_equivalent`), and fxfuse run on a graph dynamo captured
+  (`fxfuse.optimize(gm, example_inputs)` inside the backend): the sites it fuses there, and whether it is exact.
 """
 
 from __future__ import annotations
@@ -179,7 +179,12 @@ def measure_coverage(row: Row, model: nn.Module, x: torch.Tensor, census) -> Non
 
 
 def measure_overhead(row: Row, model: nn.Module, x: torch.Tensor, repeats: int) -> None:
-    x = x[:1]
+    try:  # batch 1, unless eager rejects it (a train-mode BN over one value per channel: smp's ASPP pooling)
+        with torch.no_grad():
+            copy.deepcopy(model)(x[:1])
+        x = x[:1]
+    except (ValueError, RuntimeError):
+        pass
     eager = copy.deepcopy(model)
     collect = Collect()
     compiled = torch.compile(copy.deepcopy(model), backend=collect)
