@@ -2,10 +2,10 @@
 
     python benchmarks/capture_compare.py [--models a,b] [--repeats 20] [--skip-exactness] [--json out.json]
 
-For each model of the wild zoo (tests/wild_zoo.py; default: the issue's table plus yolo11n and googlenet_aux),
+For each model of the wild zoo (tests/support/wild_zoo.py; default: the issue's table plus yolo11n and googlenet_aux),
 train mode, float32, the zoo's input, one intra-op thread:
 
-* coverage: the Conv→BN sites that exist (forward hooks on eager, tests/conv_bn_sites.py); how many fxfuse
+* coverage: the Conv→BN sites that exist (forward hooks on eager, tests/support/conv_bn_sites.py); how many fxfuse
   fused, and which modules it kept as leaves (report notes); how many of them lie inside one graph that dynamo
   captures (a `batch_norm` call whose input is a `conv2d` call of the same graph), its graphs and graph breaks
   (`torch._dynamo.explain`);
@@ -40,10 +40,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from conv_bn_sites import coverage, existing_sites  # noqa: E402
+from support.conv_bn_sites import coverage, existing_sites  # noqa: E402
+from support.wild_zoo import BY_NAME  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 from torch import nn  # noqa: E402
-from wild_zoo import BY_NAME  # noqa: E402
 
 import fxfuse  # noqa: E402
 from fxfuse.testing import assert_equivalent  # noqa: E402
