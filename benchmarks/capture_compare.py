@@ -48,7 +48,7 @@ from torch import nn  # noqa: E402
 import fxfuse  # noqa: E402
 from fxfuse.testing import assert_equivalent  # noqa: E402
 
-fxfuse_optimize = importlib.import_module("fxfuse.fusion.optimize")  # the module: its key and graphs
+fxfuse_install = importlib.import_module("fxfuse.fusion.install")  # the optimized forward: its key and graphs
 
 DEFAULT_MODELS = (
     "efficientnet_pytorch_b0",
@@ -190,18 +190,18 @@ def measure_overhead(row: Row, model: nn.Module, x: torch.Tensor, repeats: int) 
     compiled = torch.compile(copy.deepcopy(model), backend=collect)
     compiled(x)
     optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
-    state = optimized.__dict__[fxfuse_optimize._STATE]
-    graph = state.graphs[fxfuse_optimize._key(state, (x,), {})]
+    state = optimized.__dict__[fxfuse_install._STATE]
+    graph = state.graphs[fxfuse_install._key(state, (x,), {})]
     fns = {
         "eager": lambda: eager(x),
         "dynamo": lambda: compiled(x),
         "fxfuse": lambda: optimized(x),
-        "key": lambda: fxfuse_optimize._key(state, (x,), {}),
+        "key": lambda: fxfuse_install._key(state, (x,), {}),
     }
     if len(collect.graphs) == 1:
         (gm,), (inputs,) = collect.graphs, collect.inputs
         fns["dynamo_graphs"] = lambda: gm(*inputs)
-    if graph is not fxfuse_optimize._original_forward:  # the root itself runs one compiled graph
+    if graph is not fxfuse_install._original_forward:  # the root itself runs one compiled graph
         fns["fxfuse_graph"] = lambda: graph(optimized, x)
     times = best_us(fns, repeats)
     row.eager_us, row.dynamo_us, row.fxfuse_us, row.fxfuse_key_us = (
