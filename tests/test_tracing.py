@@ -195,3 +195,35 @@ def test_batchnorm_counter_traced_through_counts_every_step():
     assert_equivalent(model, optimized, x, steps=3)
     with pytest.raises(AssertionError, match="expected 4D input"):
         optimized(torch.randn(3, 8, 8, dtype=F64))
+
+
+class Tied(nn.Module):
+    """A parameter under two names (weight tying), a buffer, a plain tensor attribute, shape-dependent padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3), nn.Conv2d(3, 4, 3)
+        self.b.weight = self.a.weight
+        self.bn = nn.BatchNorm2d(4)
+        self.register_buffer("shift", torch.ones(4, 1, 1))
+        self.scale = torch.full((4, 1, 1), 2.0)  # not registered: a constant of the graph
+
+    def forward(self, x):
+        x = torch.nn.functional.pad(x, [0, x.shape[-1] % 2, 0, 0])
+        y = torch.nn.functional.conv2d(x, self.a.weight, self.a.bias) + self.b(x)
+        return self.bn(y + torch.nn.functional.conv2d(x, self.b.weight, self.b.bias)) * self.scale + self.shift
+
+
+@pytest.mark.parametrize("concrete", [False, True], ids=["symbolic", "concrete"])
+def test_parameter_lookup_by_identity_gives_torch_fx_graph(monkeypatch, concrete):
+    """FxFuseTracer.getattr finds parameters and buffers in a map instead of torch.fx's scan: the same graph."""
+    from fxfuse.fusion import tracing
+
+    model, x = Tied(), torch.randn(2, 3, 7, 7)
+    inputs = (x,) if concrete else None
+    ours = tracing.trace(model, example_inputs=inputs).graph
+    monkeypatch.setattr(tracing.FxFuseTracer, "getattr", torch.fx.Tracer.getattr)
+    theirs = tracing.trace(model, example_inputs=inputs).graph
+    assert str(ours) == str(theirs)
+    attrs = {n.target for n in ours.nodes if n.op == "get_attr"}
+    assert {"a.weight", "a.bias", "b.bias", "shift", "scale"} <= attrs and "b.weight" not in attrs  # tied: first name
