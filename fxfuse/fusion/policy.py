@@ -17,15 +17,19 @@ selection is a prefix of that one ranking, so a tighter budget never saves less:
   Both sides are counted the way `fxfuse.measure` counts them (unique storages saved
   for backward), on a meta-device copy of the model: shapes, no compute, nothing of the
   user's touched. The per-site and per-region estimates pick the prefix; the meta count
-  checks it.
+  checks it. Without peak_budget it is lengthened, if need be, until its step peak is no
+  higher than any shorter prefix's (_no_higher_peak), so a tighter budget never raises the
+  peak; the report gives the nearest cheaper point, with estimated times.
 * `peak_budget=p`: the shortest prefix (at least as long as memory_budget's) whose peak
   during a train step is at most p × eager's, both counted on a meta-device copy
   (`measure.step_peak_bytes_meta`): what decides whether a batch fits. Searched by
   bisection, which assumes the peak does not rise along the ranking; the count checks
-  the prefix it ends on. Then the slack between that peak and p buys time: each chosen
-  link (largest first region first) runs *flat*, both regions in one recompute, when the
-  counted peak stays within p (regions/graph.py). Flat or not, a link frees the same
-  bytes, so the saved activations do not change; without a peak budget no link is flat.
+  the prefix it ends on. Below the floor no prefix reaches, the shortest prefix at the
+  lowest peak found (_lowest), and the report says what that floor consists of. Then
+  the slack between that peak and p buys time: each chosen link (largest first region
+  first) runs *flat*, both regions in one recompute, when the counted peak stays within p
+  (regions/graph.py). Flat or not, a link frees the same bytes, so the saved activations
+  do not change; without a peak budget no link is flat.
 * mode="auto": the upgrades that cost at most AUTO_MAX_FLOPS_PER_BYTE, e.g. depthwise
   convs and 1×1 convs with few input channels (no regions).
 * mode="memory": every upgrade that frees bytes beyond its pointwise form, whatever it
@@ -244,6 +248,8 @@ def choose_budget(
         decision.eager_bytes = _eager_count(model, "saved activations", "memory_budget", budget, counts.eager_bytes)
     if peak_budget is not None:
         decision.eager_peak_bytes = _eager_count(model, "step peak", "peak_budget", peak_budget, counts.eager_peak)
+    else:  # reported beside the saved bytes
+        decision.eager_peak_bytes = _optional(counts.eager_peak)
     profile = _region_profile(counts, pointwise, decision.notes)
     ranking = rank(upgrades, profile)
     order = [r.name for r in profile.regions] if profile else []
@@ -305,7 +311,6 @@ def choose_budget(
         else:
             _say_peak_floor(decision, counts, plan_of(selections[k]), k, len(ranking))
     else:
-        decision.eager_peak_bytes = _optional(counts.eager_peak)
         decision.selected_peak_bytes = _optional(lambda: peak(k))
     chosen = selections[k]
     decision.selection = chosen
@@ -370,6 +375,8 @@ def _no_higher_peak(
     step peak no higher than any shorter prefix's: a looser budget takes one of those shorter prefixes, or
     one at or below their lowest peak, so a tighter budget never raises the peak. Counts the peak of
     every prefix up to the one chosen; `k` itself where no prefix does (and say so)."""
+    if decision.eager_peak_bytes is None:
+        return k
     counted = [peak(j) for j in range(k + 1)]
     if any(p is None for p in counted):
         return k
