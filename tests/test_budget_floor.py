@@ -50,6 +50,7 @@ def test_peak_budget_alone_is_met_and_reports_the_saved_bytes():
     report = fxfuse.explain(_resnet(), X, peak_budget=0.55)
     assert report.peak_budget_met and report.selected_peak_bytes <= 0.55 * report.eager_peak_bytes
     assert report.budget is None and 0 < report.selected_saved_bytes < report.eager_saved_bytes
+    assert "note: saved activations" in str(report) and "peak budget 0.55× met" in str(report)
     looser = fxfuse.explain(_resnet(), X, peak_budget=0.75)
     assert looser.selected_saved_bytes >= report.selected_saved_bytes
 

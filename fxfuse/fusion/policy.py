@@ -322,13 +322,19 @@ def choose_budget(
     else:  # reported beside the peak
         decision.eager_bytes = _optional(counts.eager_bytes)
         decision.selected_bytes = _optional(lambda: saved(k))
+        if decision.eager_bytes and decision.selected_bytes is not None:
+            decision.notes.append(
+                f"saved activations {format_bytes(decision.selected_bytes)} of eager's "
+                f"{format_bytes(decision.eager_bytes)} ({decision.selected_bytes / decision.eager_bytes:.3f}×, "
+                "counted on the meta device)"
+            )
     if decision.met is False:
         decision.notes.append(
             f"memory budget {budget:.2f}× is not reachable: the least the ranking keeps is "
             f"{decision.selected_bytes / decision.eager_bytes:.3f}× of eager's saved activations, first reached "
             f"with {k} of its {len(ranking)} entries (more recompute does not lower it), so fxfuse stopped there"
         )
-    if budget is not None and decision.met:
+    if budget is not None and peak_budget is None and decision.met:  # a shorter prefix may break a peak budget
         _say_nearest_cheaper(decision, counts, selections, k, saved)
     return decision
 
