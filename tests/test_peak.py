@@ -49,3 +49,14 @@ def test_meta_peak_of_resnet_is_eager_scale():
     assert saved < peak < saved + sum(p.numel() * 4 for p in model.parameters()) + 4 * saved
     for p in model.parameters():
         assert p.grad is None and p.device.type == "cpu"  # the user's model is untouched
+
+
+def test_peak_parts_add_up_to_the_peak():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    x = torch.randn(2, 3, 64, 64)
+    parts = measure.step_peak_parts_meta(model, (x,))
+    assert parts.peak == measure.step_peak_bytes_meta(model, (x,))
+    assert parts.parameter_grads + parts.forward_kept + parts.backward_transient == parts.peak
+    assert 0 < parts.parameter_grads <= sum(p.numel() * 4 for p in model.parameters())
+    assert parts.inputs == x.numel() * 4

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from .. import measure
 from . import install
@@ -36,6 +37,16 @@ class Counts:
 
     def plan_peak(self, plan: Plan) -> int:
         return measure.step_peak_bytes_meta(self.model, self.inputs, prepare=self._prepare(plan))
+
+    def plan_peak_parts(self, plan: Plan) -> measure.PeakParts:
+        return measure.step_peak_parts_meta(self.model, self.inputs, prepare=self._prepare(plan))
+
+    def eager_step_flops(self) -> int:
+        """FLOPs of one eager train step (forward + backward), counted on a meta-device copy."""
+        trial = measure.meta_copy(self.model)
+        with FlopCounterMode(display=False) as counter:
+            measure.train_step(trial, measure.to_meta(self.inputs))
+        return counter.get_total_flops()
 
     def profile(self, sites: frozenset) -> Optional[Profile]:
         """Region costs of the model fused with `sites` (the pointwise ones: what a region runs inside);

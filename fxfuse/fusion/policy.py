@@ -17,15 +17,19 @@ selection is a prefix of that one ranking, so a tighter budget never saves less:
   Both sides are counted the way `fxfuse.measure` counts them (unique storages saved
   for backward), on a meta-device copy of the model: shapes, no compute, nothing of the
   user's touched. The per-site and per-region estimates pick the prefix; the meta count
-  checks it.
+  checks it. Without peak_budget it is lengthened, if need be, until its step peak is no
+  higher than any shorter prefix's (_no_higher_peak), so a tighter budget never raises the
+  peak; the report gives the nearest cheaper point, with estimated times.
 * `peak_budget=p`: the shortest prefix (at least as long as memory_budget's) whose peak
   during a train step is at most p × eager's, both counted on a meta-device copy
   (`measure.step_peak_bytes_meta`): what decides whether a batch fits. Searched by
   bisection, which assumes the peak does not rise along the ranking; the count checks
-  the prefix it ends on. Then the slack between that peak and p buys time: each chosen
-  link (largest first region first) runs *flat*, both regions in one recompute, when the
-  counted peak stays within p (regions/graph.py). Flat or not, a link frees the same
-  bytes, so the saved activations do not change; without a peak budget no link is flat.
+  the prefix it ends on. Below the floor no prefix reaches, the shortest prefix at the
+  lowest peak found (_lowest), and the report says what that floor consists of. Then
+  the slack between that peak and p buys time: each chosen link (largest first region
+  first) runs *flat*, both regions in one recompute, when the counted peak stays within p
+  (regions/graph.py). Flat or not, a link frees the same bytes, so the saved activations
+  do not change; without a peak budget no link is flat.
 * mode="auto": the upgrades that cost at most AUTO_MAX_FLOPS_PER_BYTE, e.g. depthwise
   convs and 1×1 convs with few input channels (no regions).
 * mode="memory": every upgrade that frees bytes beyond its pointwise form, whatever it
@@ -234,19 +238,23 @@ def choose_budget(
     counts: Counts,
     peak_budget: Optional[float] = None,
 ) -> Decision:
-    """The shortest prefix of the ranking that meets `budget` and `peak_budget` (else the most it can, and say so)."""
+    """The shortest prefix of the ranking that meets `budget` and `peak_budget`; where one cannot be met, the
+    shortest prefix that reaches the lowest value found (and say so, and what that floor is made of)."""
     upgrades, pointwise = candidates(model, memory, fast)
     decision = Decision(frozenset(), "budget", [], [], budget=budget, peak_budget=peak_budget)
     if budget is not None:
         decision.eager_bytes = _eager_count(model, "saved activations", "memory_budget", budget, counts.eager_bytes)
     if peak_budget is not None:
         decision.eager_peak_bytes = _eager_count(model, "step peak", "peak_budget", peak_budget, counts.eager_peak)
+    else:  # reported beside the saved bytes
+        decision.eager_peak_bytes = _optional(counts.eager_peak)
     profile = _region_profile(counts, pointwise, decision.notes)
     ranking = rank(upgrades, profile)
     order = [r.name for r in profile.regions] if profile else []
     selections = [select(ranking[:k], pointwise, order) for k in range(len(ranking) + 1)]
     gains = [estimated_gain(s) for s in selections]
     measured_bytes: dict[int, Optional[int]] = {}
+    peaks: dict[int, int] = {}
 
     def saved(k: int) -> Optional[int]:
         if k not in measured_bytes:
@@ -259,6 +267,11 @@ def choose_budget(
                 )
                 measured_bytes[k] = None
         return measured_bytes[k]
+
+    def peak(k: int) -> int:
+        if k not in peaks:
+            peaks[k] = counts.plan_peak(plan_of(selections[k]))
+        return peaks[k]
 
     def first_gaining(start: int, needed: float) -> int:
         k = start
@@ -281,16 +294,22 @@ def choose_budget(
                 break
             # The estimates were optimistic (e.g. shared storages): take more, cheapest first.
             k = max(k + 1, first_gaining(k, measured - target))
+        if measured is not None and measured > target:
+            k = _lowest(0, len(ranking), saved)
+        elif measured is not None and peak_budget is None:
+            k = _no_higher_peak(k, len(ranking), target, saved, _optional_peak(peak), decision)
     if peak_budget is not None:
         target = peak_budget * decision.eager_peak_bytes
-        k = _shortest_within_peak(k, len(ranking), target, selections, counts, decision)
+        k = _shortest_within_peak(k, len(ranking), target, peak)
+        decision.selected_peak_bytes = peak(k)
         if decision.peak_met:
             selections[k] = _flatten_within_peak(selections[k], target, counts, decision)
             if selections[k].flat_links:
                 measured_bytes.pop(k, None)  # counted again below, in the form that runs
-    elif budget is not None:
-        decision.eager_peak_bytes = _optional(counts.eager_peak)
-        decision.selected_peak_bytes = _optional(lambda: counts.plan_peak(plan_of(selections[k])))
+        else:
+            _say_peak_floor(decision, counts, plan_of(selections[k]), k, len(ranking))
+    else:
+        decision.selected_peak_bytes = _optional(lambda: peak(k))
     chosen = selections[k]
     decision.selection = chosen
     decision.allowed, decision.fallback_names, decision.groups = chosen.allowed, chosen.fallback, chosen.groups
@@ -298,16 +317,23 @@ def choose_budget(
     decision.chosen, decision.rejected = ranking[:k], ranking[k:]
     if budget is not None:
         decision.selected_bytes = saved(k)
+    else:  # reported beside the peak
+        decision.eager_bytes = _optional(counts.eager_bytes)
+        decision.selected_bytes = _optional(lambda: saved(k))
+        if decision.eager_bytes and decision.selected_bytes is not None:
+            decision.notes.append(
+                f"saved activations {format_bytes(decision.selected_bytes)} of eager's "
+                f"{format_bytes(decision.eager_bytes)} ({decision.selected_bytes / decision.eager_bytes:.3f}×, "
+                "counted on the meta device)"
+            )
     if decision.met is False:
         decision.notes.append(
-            f"memory budget {budget:.2f}× is not reachable: recomputing everything the ranking offers keeps "
-            f"{decision.selected_bytes / decision.eager_bytes:.3f}× of eager's saved activations; fused all it can"
+            f"memory budget {budget:.2f}× is not reachable: the least the ranking keeps is "
+            f"{decision.selected_bytes / decision.eager_bytes:.3f}× of eager's saved activations, first reached "
+            f"with {k} of its {len(ranking)} entries (more recompute does not lower it), so fxfuse stopped there"
         )
-    if decision.peak_met is False:
-        decision.notes.append(
-            f"peak budget {peak_budget:.2f}× is not reachable: the lowest step peak found is "
-            f"{decision.selected_peak_bytes / decision.eager_peak_bytes:.3f}× of eager's"
-        )
+    if budget is not None and peak_budget is None and decision.met:  # a shorter prefix may break a peak budget
+        _say_nearest_cheaper(decision, counts, selections, k, saved)
     return decision
 
 
@@ -318,32 +344,136 @@ def _optional(count: Callable[[], int]) -> Optional[int]:
         return None
 
 
-def _shortest_within_peak(
-    low: int, high: int, target: float, selections: list[Selection], counts: Counts, decision: Decision
+def _optional_peak(peak: Callable[[int], int]) -> Callable[[int], Optional[int]]:
+    return lambda k: _optional(lambda: peak(k))
+
+
+def _lowest(low: int, high: int, value: Callable[[int], Optional[int]]) -> int:
+    """The shortest prefix in [low, high] whose value is the lowest found, by bisection: `high` holds the
+    lowest value so far, and a prefix between at or below it takes its place. Like _shortest_within_peak it
+    assumes the value does not rise along the ranking before it stops falling, so the prefix found is
+    where more recompute stops lowering it."""
+    best = value(high)
+    if best is None:
+        return high
+    while high - low > 1:
+        mid = (low + high) // 2
+        v = value(mid)
+        if v is not None and v <= best:
+            high, best = mid, v
+        else:
+            low = mid
+    v = value(low)
+    return low if v is not None and v <= best else high
+
+
+def _no_higher_peak(
+    k: int,
+    last: int,
+    target: float,
+    saved: Callable[[int], Optional[int]],
+    peak: Callable[[int], Optional[int]],
+    decision: Decision,
 ) -> int:
-    """The shortest prefix in [low, high] whose counted step peak is at most `target`, by bisection;
-    if none is, the one with the lowest peak counted on the way."""
-    peaks: dict[int, int] = {}
+    """From prefix `k` (which meets the saved-bytes `target`) up to `last`, the first that meets it with a
+    step peak no higher than any shorter prefix's: a looser budget takes one of those shorter prefixes, or
+    one at or below their lowest peak, so a tighter budget never raises the peak. Counts the peak of
+    every prefix up to the one chosen; `k` itself where no prefix does (and say so)."""
+    if decision.eager_peak_bytes is None:
+        return k
+    counted = [peak(j) for j in range(k + 1)]
+    if any(p is None for p in counted):
+        return k
+    lowest = min(counted)
+    for j in range(k, last + 1):
+        p, b = peak(j), saved(j)
+        if p is None or b is None:
+            break
+        if p <= lowest and b <= target:
+            if j > k:
+                decision.notes.append(
+                    f"took {j - k} more of the ranking's entries than the budget needs: with {k} the step peak "
+                    f"would be {counted[k] / decision.eager_peak_bytes:.3f}× of eager's, above the "
+                    f"{lowest / decision.eager_peak_bytes:.3f}× a looser budget reaches"
+                )
+            return j
+    decision.notes.append(
+        f"the step peak is {counted[k] / decision.eager_peak_bytes:.3f}× of eager's, above the "
+        f"{lowest / decision.eager_peak_bytes:.3f}× a looser budget reaches: no plan in the ranking meets this "
+        "budget without raising it"
+    )
+    return k
 
-    def peak(k: int) -> int:
-        if k not in peaks:
-            peaks[k] = counts.plan_peak(plan_of(selections[k]))
-        return peaks[k]
 
-    if peak(low) > target:
-        if peak(high) > target:
-            best = min(peaks, key=lambda k: (peaks[k], k))
-            decision.selected_peak_bytes = peaks[best]
-            return best
-        while high - low > 1:
-            mid = (low + high) // 2
-            if peak(mid) <= target:
-                high = mid
-            else:
-                low = mid
-        low = high
-    decision.selected_peak_bytes = peak(low)
-    return low
+def _shortest_within_peak(low: int, high: int, target: float, peak: Callable[[int], int]) -> int:
+    """The shortest prefix in [low, high] whose counted step peak is at most `target`, by bisection
+    (which assumes the peak does not rise along the ranking); if none is, the shortest that reaches the
+    lowest peak found (_lowest): more recompute would not lower it."""
+    if peak(low) <= target:
+        return low
+    if peak(high) > target:
+        return _lowest(low, high, peak)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if peak(mid) <= target:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def _say_peak_floor(decision: Decision, counts: Counts, plan: Plan, k: int, entries: int) -> None:
+    """Note that the peak budget is not reachable, and what the lowest peak found consists of."""
+    eager = decision.eager_peak_bytes
+    note = (
+        f"peak budget {decision.peak_budget:.2f}× is not reachable: the lowest step peak the ranking reaches is "
+        f"{decision.selected_peak_bytes / eager:.3f}× of eager's ({format_bytes(decision.selected_peak_bytes)}), "
+        f"first reached with {k} of its {entries} entries; more recompute does not lower it, so fxfuse stopped there"
+    )
+    try:
+        parts = counts.plan_peak_parts(plan)
+    except Exception:  # noqa: BLE001 - the note stands without the breakdown
+        decision.notes.append(note)
+        return
+    decision.notes.append(
+        f"{note}. At that peak: parameters' gradients {format_bytes(parts.parameter_grads)}, backward transient "
+        f"(activation gradients and recomputed tensors) {format_bytes(parts.backward_transient)}, activations "
+        f"the forward still holds {format_bytes(parts.forward_kept)}; the inputs ({format_bytes(parts.inputs)}) "
+        "are held besides. Recompute lowers only the activations held; the rest is the floor"
+    )
+
+
+# The nearest cheaper point is a shorter prefix estimated at least this much faster (× eager's step).
+CHEAPER_BY = 0.05
+
+
+def _say_nearest_cheaper(
+    decision: Decision, counts: Counts, selections: list[Selection], k: int, saved: Callable[[int], Optional[int]]
+) -> None:
+    """Note the chosen plan's estimated cost and the longest shorter prefix estimated CHEAPER_BY faster."""
+    try:
+        step_flops = counts.eager_step_flops()
+    except Exception:  # noqa: BLE001 - an estimate: left out where eager's FLOPs cannot be counted
+        return
+    if not step_flops:
+        return
+    costs = [ranking.estimated_time(s, step_flops) for s in selections[: k + 1]]
+    eager = decision.eager_bytes
+    here = f"{decision.selected_bytes / eager:.3f}× costs {costs[k]:.2f}×"
+    how = (
+        "saved activations and step time × eager's; times are estimates from the ranking's cost model "
+        f"(recompute FLOPs against eager's step FLOPs, a region's weighted {ranking.REGION_FLOP_COST}×): "
+        "measure with `fxfuse bench`"
+    )
+    cheaper = next((j for j in range(k - 1, -1, -1) if costs[j] <= costs[k] - CHEAPER_BY), None)
+    there = saved(cheaper) if cheaper is not None else None
+    if there is None:
+        decision.notes.append(f"estimated cost: {here} ({how})")
+        return
+    decision.notes.append(
+        f"nearest cheaper point: {here}; {there / eager:.3f}× costs {costs[cheaper]:.2f}× "
+        f"(memory_budget={math.ceil(there / eager * 100) / 100:.2f}; {how})"
+    )
 
 
 def _flatten_within_peak(selection: Selection, target: float, counts: Counts, decision: Decision) -> Selection:

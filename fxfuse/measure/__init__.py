@@ -23,9 +23,10 @@ from .memory import (
     to_meta,
     train_step,
 )
-from .peak import step_peak_bytes_meta
+from .peak import PeakParts, step_peak_bytes_meta, step_peak_parts_meta
 
 __all__ = [
+    "PeakParts",
     "forward_allocated_bytes",
     "forward_resident_bytes",
     "largest_batch",
@@ -37,6 +38,7 @@ __all__ = [
     "step_allocated_peak_bytes",
     "step_peak_bytes",
     "step_peak_bytes_meta",
+    "step_peak_parts_meta",
     "synchronize",
     "timed",
     "to_meta",

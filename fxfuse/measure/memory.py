@@ -225,14 +225,19 @@ def forward_allocated_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
     return sum(deltas)
 
 
-def train_step(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer | None = None) -> None:
+def train_step(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    optimizer: torch.optim.Optimizer | None = None,
+    keep_grads: bool = False,
+) -> None:
     out = model(*inputs)
     loss = sum(t.float().square().mean() for t in tensors(out))
     loss.backward()
     if optimizer is not None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    else:
+    elif not keep_grads:
         model.zero_grad(set_to_none=True)
 
 
