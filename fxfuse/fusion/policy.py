@@ -56,6 +56,7 @@ from .plan import Choice, Plan, RegionChoice, Rejected, SiteData
 from .regions import ranking
 from .regions.costs import Profile
 from .regions.ranking import Candidate, Entry, RegionCandidate, Selection, estimated_gain, rank, select
+from .report import format_bytes
 from .tracing import first_line
 
 # mode="auto" takes an upgrade when one backward recompute costs at most this many FLOPs
