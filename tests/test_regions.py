@@ -195,3 +195,19 @@ def test_groups_that_are_no_chain_are_noted_and_left_alone(group):
     report = optimize_module._run(model, None, Options("fast", Plan(regions=(group,))), install=True)
     assert any("not" in note and group[-1] in note for note in report.notes)
     assert_equivalent(_resnet18(), model, torch.randn(2, 3, 64, 64, dtype=torch.float64), dtype=torch.float64)
+
+
+def test_a_region_whose_values_a_later_call_keeps_as_pieces_drops_that_hint_and_stays_exact():
+    """torchvision DenseNet: the transition after a dense block keeps the block's features as the
+    pieces of its concatenated input (passes/cat_input.py); recomputing the block as a region must
+    not count those as outputs of the block, and the transition then keeps its concatenation."""
+    import fxfuse
+    from fxfuse.testing import assert_equivalent
+
+    torch.manual_seed(0)
+    model = torchvision.models.DenseNet(growth_rate=4, block_config=(2, 2), num_init_features=8, num_classes=3)
+    x = torch.randn(2, 3, 32, 32)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.1)
+    report = optimized.fxfuse_report
+    assert any("denseblock" in r.name for r in report.regions), report
+    assert_equivalent(model, optimized, x, steps=2, dtype=torch.float64)

@@ -110,6 +110,26 @@ def _touched_modules(nodes: Sequence[fx.Node], graph_modules: dict[str, nn.Modul
     return tuple(paths)
 
 
+def _as_piece_only(node: fx.Node, user: fx.Node) -> bool:
+    """`user` reads `node` only among the pieces it keeps in place of its concatenated input
+    (passes/cat_input.py): a hint a region drops (`_drop_pieces`), not a use of the value."""
+    if node not in (user.kwargs.get("pieces") or ()):
+        return False
+    other: list[fx.Node] = []
+    fx.node.map_arg((user.args, {k: v for k, v in user.kwargs.items() if k != "pieces"}), other.append)
+    return node not in other
+
+
+def _drop_pieces(nodes: list[fx.Node]) -> None:
+    """Calls after the region that would keep its values as pieces keep their concatenation instead
+    (the region frees those values; the op is exact either way)."""
+    inside = set(nodes)
+    for node in nodes:
+        for user in list(node.users):
+            if user not in inside and _as_piece_only(node, user):
+                user.kwargs = {k: v for k, v in user.kwargs.items() if k != "pieces"}
+
+
 def _boundary(nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
     inside = set(nodes)
     inputs: dict[fx.Node, None] = {}
@@ -118,7 +138,7 @@ def _boundary(nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
         for arg in node.all_input_nodes:
             if arg not in inside and arg.op != "get_attr":
                 inputs[arg] = None
-        if any(u not in inside for u in node.users):
+        if any(u not in inside and not _as_piece_only(node, u) for u in node.users):
             outputs.append(node)
     return list(inputs), outputs
 
@@ -186,6 +206,7 @@ def extract(graph: fx.Graph, name: str, nodes: list[fx.Node], module_paths: Sequ
     """Replace the consecutive `nodes` (one output) by a RegionCall node running a compiled copy of them."""
     inputs, outputs = _boundary(nodes)
     (output,) = outputs
+    _drop_pieces(nodes)
     sub, components = subgraph(nodes, inputs, outputs)
     call = recompute.RegionCall(name, compile_graph(sub), components, tuple(module_paths))
     with graph.inserting_before(nodes[0]):
