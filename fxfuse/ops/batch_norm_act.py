@@ -31,6 +31,8 @@ def update_running_stats(
     """running = momentum * batch + (1 - momentum) * running, rounded as ATen's CPU batch_norm
     rounds it (batch_norm_cpu_update_stats_template): momentum in the statistics' dtype, the mean
     update in that dtype, the variance's momentum * unbiased_var term in double."""
+    if running_mean.is_meta:  # no values to update (the budget's meta-device counts): ten ops saved per BN
+        return
     with torch.no_grad():
         m = torch.tensor(momentum, dtype=running_mean.dtype)
         running_mean.copy_(m * mean + (1 - m) * running_mean)
