@@ -169,6 +169,11 @@ TORCH_LIBRARY(fxfuse, m) {
       "conv_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
       "int[2] stride, int[2] padding, int[2] dilation, int groups, str act, float act_param, "
       "bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  // F.avg_pool2d, whose backward needs only its input's shape, dtype and strides: its autograd
+  // (ops/avg_pool2d.py) keeps none of the input, where eager's keeps all of it.
+  m.def(
+      "avg_pool2d(Tensor input, int[2] kernel_size, int[2] stride, int[2] padding, "
+      "bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor");
   // F.conv2d(input, weight, bias, stride, padding, dilation, groups), whose backward is
   // conv2d_backward: the gradients as aten::convolution_backward gives them, the backward of
   // every fxfuse op holding a conv. On CPU a large-kernel depthwise conv's weight and bias

@@ -1,6 +1,6 @@
 """fxfuse's C++ operators as Python functions, one module per op, named as the op.
 
-Each op module (`batch_norm_act`, `conv_bn_act`, `bn_act_conv`, `conv2d`, `conv_act`,
+Each op module (`avg_pool2d`, `batch_norm_act`, `conv_bn_act`, `bn_act_conv`, `conv2d`, `conv_act`,
 `linear_act`, `act_linear`, `act_linear_scale`, `gelu`, `layer_norm_linear`,
 `conv_layer_norm_linear`) holds its wrapper with eager semantics and eager fallback, its fake
 kernels and its autograd formula; `cat_input` the variants of four of them that take their input's
@@ -30,6 +30,7 @@ from . import (
 from .act_linear import act_linear
 from .act_linear_scale import act_linear_scale
 from .activations import ACTIVATIONS
+from .avg_pool2d import avg_pool2d
 from .batch_norm_act import batch_norm_act
 from .bn_act_conv import bn_act_conv
 from .cat_input import cat_batch_norm_act, cat_bn_act_conv, cat_conv2d, cat_conv_bn_act
@@ -45,6 +46,7 @@ from .routing import generic_path
 OPS = (
     "act_linear",
     "act_linear_scale",
+    "avg_pool2d",
     "batch_norm_act",
     "bn_act_conv",
     "conv2d",
@@ -67,6 +69,7 @@ __all__ = [
     "act_linear",
     "act_linear_scale",
     "activations",
+    "avg_pool2d",
     "batch_norm_act",
     "bn_act_conv",
     "cat_batch_norm_act",

@@ -15,6 +15,7 @@ from typing import Callable
 
 from . import (
     act_linear,
+    avg_pool2d,
     batch_norm_act,
     bn_act_conv,
     cat_input,
@@ -50,6 +51,7 @@ PASSES = (
     Pass(gelu.PASS, "a standalone GELU: what the passes above left"),
     Pass(bn_act_conv.run, "after the fusing passes: merges a rewritten BN→act site into the conv after it"),
     Pass(depthwise_conv.PASS, "last to fuse: large-kernel depthwise convs no site took get fxfuse's conv backward"),
+    Pass(avg_pool2d.PASS, "reads no other pass's nodes; before cat_input, which must not count a pooled input as kept"),
     Pass(cat_input.run, "after every fused op exists: a concatenated input is kept as its pieces where those are kept"),
     Pass(inplace_add.run, "last: adds into fused outputs, which exist once every site is rewritten"),
 )

@@ -1,0 +1,119 @@
+"""`avg_pool2d`: F.avg_pool2d that keeps none of its input for backward (`fxfuse::avg_pool2d`).
+
+Average pooling's gradient spreads each output gradient evenly over its window: it needs the
+input's shape, dtype and strides, never its values. Eager's autograd keeps the whole input all
+the same (AvgPool2DBackward saves `self`). Where nothing else keeps that tensor (a DenseNet
+transition's conv output, ResNet-D's pooled shortcut) the op frees it: the forward is ATen's
+avg_pool2d, and the backward is ATen's avg_pool2d_backward run on an uninitialised tensor with
+the input's size and strides, which the kernels read for the shape and the memory format only.
+Its size is allocated for the moment of the backward, as the gradient it produces is.
+
+A `create_graph=True` backward is ATen's avg_pool2d_backward too, which autograd differentiates
+in the gradient (the pooling is linear). Calls the op cannot serve as eager does (no gradient
+needed, tensor subclasses, torch.func transforms, autocast, strides neither contiguous nor
+channels_last, arguments of the wrong types) run F.avg_pool2d, which raises eager's errors.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import compiled
+from .checks import autocast_on, fusable, plain
+
+__all__ = ["avg_pool2d"]
+
+
+def _int_pair(value) -> bool:
+    """An int, or a list/tuple of one or two ints: what the schema's int[2] takes as eager does."""
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return True
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) in (1, 2)
+        and all(isinstance(v, Integral) and not isinstance(v, bool) for v in value)
+    )
+
+
+def _arguments_plain(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override) -> bool:
+    return (
+        _int_pair(kernel_size)
+        and (stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) or _int_pair(stride))
+        and _int_pair(padding)
+        and isinstance(ceil_mode, bool)
+        and isinstance(count_include_pad, bool)
+        and (
+            divisor_override is None
+            or (isinstance(divisor_override, Integral) and not isinstance(divisor_override, bool))
+        )
+    )
+
+
+def _dense(input: Tensor) -> bool:
+    return input.is_contiguous() or (input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last))
+
+
+def avg_pool2d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: Optional[int] = None,
+) -> Tensor:
+    """`F.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)`,
+    keeping none of `input` for backward."""
+    if (
+        isinstance(input, Tensor)
+        and input.requires_grad
+        and torch.is_grad_enabled()
+        and plain(input)
+        and fusable(input)
+        and not autocast_on(input.device.type)
+        and not compiled.composing()
+        and _dense(input)
+        and _arguments_plain(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    ):
+        return torch.ops.fxfuse.avg_pool2d(
+            input,
+            kernel_size,
+            [] if stride is None else stride,
+            padding,
+            ceil_mode,
+            count_include_pad,
+            divisor_override,
+        )
+    return F.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def _fake(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    return torch.ops.aten.avg_pool2d.default(
+        input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
+
+
+def _setup(ctx, inputs, output):
+    input, *config = inputs
+    ctx.input_geometry = (tuple(input.shape), tuple(input.stride()), input.dtype, input.device)
+    ctx.config = config
+
+
+def _backward(ctx, grad_out):
+    if not ctx.needs_input_grad[0]:
+        return (None,) * 7
+    size, stride, dtype, device = ctx.input_geometry
+    shape_only = torch.empty_strided(size, stride, dtype=dtype, device=device)
+    grad_input = torch.ops.aten.avg_pool2d_backward.default(grad_out, shape_only, *ctx.config)
+    return (grad_input,) + (None,) * 6
+
+
+def register() -> None:
+    """Fake kernel and autograd of avg_pool2d (fxfuse._C defines the op)."""
+    torch.library.register_fake("fxfuse::avg_pool2d", _fake)
+    torch.library.register_autograd("fxfuse::avg_pool2d", _backward, setup_context=_setup)
