@@ -253,3 +253,29 @@ def test_activation_is_applied_as_eager():
         F.batch_norm(torch.cat(pieces, 1), in_rm.clone(), in_rv.clone(), training=True), "leaky_relu", 0.2
     )
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_under_torch_compile_the_concatenation_is_not_kept(monkeypatch):
+    """AOTAutograd's CSE would merge the backward's rebuilt cat with the forward's; its partitioner,
+    which does not recompute a cat, would then keep the concatenation (cat_input.rebuild)."""
+    monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # the cache key does not see backward code
+    pieces, params, stats = _case("batch_norm_act", dtype=torch.float32)
+    pieces = [p.requires_grad_() for p in pieces]
+
+    def block(*pieces):  # a dense layer: every piece is kept anyway (here by p * p)
+        y = cat_batch_norm_act(list(pieces), *stats[:2], params["in_weight"], params["in_bias"], True, 0.1, 1e-5, "relu")
+        return y, *[p * p for p in pieces]
+
+    from functorch.compile import min_cut_rematerialization_partition, nop
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch._dynamo.reset()  # inductor's partitioner, without inductor's code generation
+    backend = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=min_cut_rematerialization_partition)
+    compiled = torch.compile(block, backend=backend)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = compiled(*pieces)
+    input_numel = sum(p.numel() for p in pieces)
+    assert not [t for t in saved if t.numel() >= input_numel]
+    ref = block(*[p.detach().requires_grad_() for p in pieces])
+    torch.testing.assert_close(out[0], ref[0])

@@ -114,6 +114,14 @@ def cat_grads(grad: Optional[Tensor], pieces: Sequence[Tensor], needed: Sequence
     return grads
 
 
+def rebuild(pieces: Sequence[Tensor]) -> Tensor:
+    """`torch.cat(pieces, 1)` again, in backward; differentiable in the pieces when the backward is
+    (create_graph). The dim is given in its negative form: under torch.compile, AOTAutograd's CSE
+    would otherwise merge this cat with the forward's, and its partitioner, which does not recompute
+    a cat, would keep the concatenation after all (DenseNet-121: twice the saved bytes)."""
+    return torch.cat(pieces, 1 - pieces[0].dim())
+
+
 class _Recorded:
     """The ctx a base op's setup_context fills: what it saves, and its other attributes (its config)."""
 
@@ -140,7 +148,7 @@ def _autograd(name: str) -> tuple[Callable, Callable]:
         count, slot = ctx.cat_slot
         saved = ctx.saved_tensors
         pieces, rest = saved[:count], list(saved[count:])
-        rest[slot] = torch.cat(pieces, 1)  # differentiable in the pieces when the backward is (create_graph)
+        rest[slot] = rebuild(pieces)
         needed = list(ctx.needs_input_grad[0])
         inner = SimpleNamespace(
             saved_tensors=tuple(rest), needs_input_grad=(any(needed), *ctx.needs_input_grad[2:]), **ctx.base

@@ -201,6 +201,12 @@ def step_cases(
         ),
         ("gelu", lambda: fo.gelu(x), lambda: F.gelu(x), [x]),
         (
+            "avg_pool2d[of a conv]",
+            lambda: fo.avg_pool2d(F.conv2d(x, w3, conv_b, 1, 1), 2),
+            lambda: F.avg_pool2d(F.conv2d(x, w3, conv_b, 1, 1), 2),
+            [x, w3, conv_b],
+        ),
+        (
             "linear_act[gelu]",
             lambda: fo.linear_act(tokens, fc1, fc1_b, "gelu"),
             lambda: F.gelu(F.linear(tokens, fc1, fc1_b)),
