@@ -263,7 +263,8 @@ def test_under_torch_compile_the_concatenation_is_not_kept(monkeypatch):
     pieces = [p.requires_grad_() for p in pieces]
 
     def block(*pieces):  # a dense layer: every piece is kept anyway (here by p * p)
-        y = cat_batch_norm_act(list(pieces), *stats[:2], params["in_weight"], params["in_bias"], True, 0.1, 1e-5, "relu")
+        weight, bias = params["in_weight"], params["in_bias"]
+        y = cat_batch_norm_act(list(pieces), *stats[:2], weight, bias, True, 0.1, 1e-5, "relu")
         return y, *[p * p for p in pieces]
 
     from functorch.compile import min_cut_rematerialization_partition, nop
