@@ -37,32 +37,30 @@ def _call(node: fx.Node, ctx: PassContext) -> tuple[Optional[tuple], Optional[st
             return None, hooks_problem(m, "AvgPool2d")
         if len(node.args) != 1 or node.kwargs:
             return None, "unexpected AvgPool2d call arguments"
-        return ((node.args[0],), {k: getattr(m, k) for k in _MODULE_ARGS}), None
-    if node.op == "call_function" and node.target in _FUNCTIONS:
-        return (node.args, dict(node.kwargs)), None
-    return None, None
+        call = ((node.args[0],), {k: getattr(m, k) for k in _MODULE_ARGS})
+    elif node.op == "call_function" and node.target in _FUNCTIONS:
+        call = (node.args, dict(node.kwargs))
+    else:
+        return None, None
+    return (call, None) if first_input(node) is not None else (None, "the pooled input is not a traced tensor")
 
 
 def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     call, problem = _call(node, ctx)
-    if call is None and problem is None:
-        return None
-    names = (site_name(node),)
-    x = first_input(node)
-    if problem is None and x is None:
-        problem = "the pooled input is not a traced tensor"
     if problem:
-        return Site(names, ("avg_pool2d",), problem)
-    args, kwargs = call
-    kept_elsewhere = len(x.users) > 1
+        return Site((site_name(node),), ("avg_pool2d",), problem)
+    if call is None:
+        return None
+    x = first_input(node)
+    # An upper bound where the pool is the input's only reader: its producer may keep it (exp, ...).
+    frees = 0 if len(x.users) > 1 else nbytes(ctx.shapes, x)
     return Site(
-        names,
+        (site_name(node),),
         ("avg_pool2d",),
         chain=[node],
-        build=lambda: ctx.graph.call_function(ops.avg_pool2d, args, kwargs),
+        build=lambda: ctx.graph.call_function(ops.avg_pool2d, *call),
         op="fxfuse::avg_pool2d",
-        # An upper bound where the pool is the input's only reader: its producer may keep it (exp, ...).
-        saved_bytes=(0 if kept_elsewhere else nbytes(ctx.shapes, x)) if ctx.shapes else None,
+        saved_bytes=frees if ctx.shapes else None,
         recompute_flops=0 if ctx.shapes else None,
         reason=(
             "its backward needs only the input's shape: keeps none of the input, which eager keeps "
