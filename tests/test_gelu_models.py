@@ -77,6 +77,7 @@ MODELS = {
             "fxfuse::conv_act": 3,
             "fxfuse::act_linear": 6,
             "fxfuse::layer_norm_linear": 13,
+            "fxfuse::avg_pool2d": 3,  # each stage's first MBConv pools its shortcut
         },
     ),
 }
