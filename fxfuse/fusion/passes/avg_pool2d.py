@@ -47,15 +47,16 @@ def _call(node: fx.Node, ctx: PassContext) -> tuple[Optional[tuple], Optional[st
 
 def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
     call, problem = _call(node, ctx)
-    if problem:
-        return Site((site_name(node),), ("avg_pool2d",), problem)
-    if call is None:
+    if call is None and problem is None:
         return None
+    names = (site_name(node),)
+    if problem:
+        return Site(names, ("avg_pool2d",), problem)
     x = first_input(node)
     # An upper bound where the pool is the input's only reader: its producer may keep it (exp, ...).
     frees = 0 if len(x.users) > 1 else nbytes(ctx.shapes, x)
     return Site(
-        (site_name(node),),
+        names,
         ("avg_pool2d",),
         chain=[node],
         build=lambda: ctx.graph.call_function(ops.avg_pool2d, *call),
