@@ -60,7 +60,7 @@ def main() -> None:
 
     def check():
         if not _global_hooks():
-            state.graphs.get(_key(state))
+            state.graphs.get(_key(state, (x,)))
 
     per_call = _median_seconds(check, 1000, 20)
     print(

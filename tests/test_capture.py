@@ -9,7 +9,8 @@ from torch import nn
 
 import fxfuse
 from fxfuse.fusion import tracing
-from fxfuse.fusion.capture import Captures, capture, copy_of
+from fxfuse.fusion.capture import Captures, call_pattern, capture, copy_of
+from fxfuse.fusion.tracing import CallPattern
 from fxfuse.testing import assert_equivalent
 
 
@@ -83,3 +84,32 @@ def test_captures_remember_what_cannot_be_traced():
         assert tracing.trace_count - before == expected
         raised.append(info.value)
     assert raised[0] is raised[1]
+
+
+class _Optional(nn.Module):
+    def forward(self, x, mask=None, *, flag=False):
+        return x if mask is None or flag else x * mask
+
+
+def test_a_capture_is_for_a_call_pattern():
+    """The pattern given, else the example inputs', else the forward's required arguments: `Captures`
+    reuses a capture for the same pattern only."""
+    model, x = _Optional(), torch.randn(2, 3)
+    assert call_pattern(model, None) == CallPattern(1)
+    assert call_pattern(model, (x, None)) == CallPattern(2, (), ((1, type(None), None),))
+    assert call_pattern(model, (x,), CallPattern.of((x,), {"flag": True})) == CallPattern(
+        1, ("flag",), (("flag", bool, True),)
+    )
+    captures = Captures()
+    assert _traces(lambda: captures.get(model, "", (x,))) == 1
+    assert _traces(lambda: captures.get(model, "", None)) == 0  # model(x) either way
+    assert _traces(lambda: captures.get(model, "", (x, None))) == 1
+    assert captures.get(model, "", (x, None)).traced.bound == {"mask": None, "flag": False}
+
+
+def test_call_patterns_tell_bool_from_int_and_bind_only_plain_values():
+    x = torch.randn(2)
+    assert CallPattern.of((x, True)) != CallPattern.of((x, 1))
+    assert CallPattern.of((x, [x])) == CallPattern(2)  # a list (of tensors) stays a placeholder
+    assert tracing.bindings(_Optional.forward, CallPattern.of((x, x), {"flag": True})) == {"flag": True}
+    assert tracing.bindings(_Optional.forward, CallPattern(1)) == {"mask": None, "flag": False}

@@ -52,7 +52,7 @@ def _ops(model):
 
 def _calls(model, target):
     state = model.__dict__[install_module._STATE]
-    graph = state.fx_graphs[install_module._key(state)]
+    graph = state.fx_graphs[install_module._key(state, pattern=state.last_pattern)]
     return [n for n in graph.nodes if n.op == "call_function" and n.target is target]
 
 

@@ -242,7 +242,7 @@ def test_mode_fast_keeps_the_concatenations():
 def test_the_rewritten_graph_passes_the_pieces():
     model = fxfuse.optimize(UNetUp(), torch.randn(2, 3, 16, 16))
     state = model.__dict__[install_module._STATE]
-    graph = state.fx_graphs[install_module._key(state)]
+    graph = state.fx_graphs[install_module._key(state, pattern=state.last_pattern)]
     (call,) = [n for n in graph.nodes if "pieces" in n.kwargs]
     (cat,) = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.cat]
     assert call.args[0] is cat and call.kwargs["pieces"] == list(cat.args[0])

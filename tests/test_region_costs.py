@@ -17,7 +17,8 @@ def _profile(model: nn.Module, x: torch.Tensor) -> region_costs.Profile:
     trial = measure.meta_copy(model)
     optimize_module._run(trial, None, optimize_module.Options("fast"), install=True)
     state = trial.__dict__["_fxfuse_state"]
-    return region_costs.profile(trial, state.fx_graphs[install_module._key(state)], measure.to_meta((x,)))
+    graph = state.fx_graphs[install_module._key(state, pattern=state.last_pattern)]
+    return region_costs.profile(trial, graph, measure.to_meta((x,)))
 
 
 def test_a_blocks_flops_are_its_convolutions():

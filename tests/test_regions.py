@@ -186,7 +186,7 @@ def test_the_recompute_swaps_buffers_back():
 
 def _graph(model):
     state = model.__dict__["_fxfuse_state"]
-    return state.fx_graphs[install_module._key(state)]
+    return state.fx_graphs[install_module._key(state, pattern=state.last_pattern)]
 
 
 @pytest.mark.parametrize("group", [("layer1.0", "layer2.0"), ("nonexistent",)])

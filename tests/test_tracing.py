@@ -227,3 +227,150 @@ def test_parameter_lookup_by_identity_gives_torch_fx_graph(monkeypatch, concrete
     assert str(ours) == str(theirs)
     attrs = {n.target for n in ours.nodes if n.op == "get_attr"}
     assert {"a.weight", "a.bias", "b.bias", "shift", "scale"} <= attrs and "b.weight" not in attrs  # tied: first name
+
+
+class OptionalArgs(nn.Module):
+    """Branches on optional arguments as model code does: `if scale is None:`, a bool flag, a keyword-only int."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x, scale=None, double=False, *, shift=0):
+        y = self.bn(self.conv(x))
+        if scale is None:
+            y = y * 3
+        else:
+            y = y * scale
+        if double:
+            y = y * 2
+        return y + shift
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((), {}),
+        ((None,), {}),
+        ((None, True), {}),
+        ((), {"double": True}),
+        ((), {"scale": None, "shift": 2}),
+        ((torch.full((1, 4, 1, 1), 0.5, dtype=F64),), {}),
+        ((), {"scale": torch.full((1, 4, 1, 1), 0.5, dtype=F64), "double": True}),
+    ],
+    ids=["x", "x-None", "x-None-True", "double", "scale-None-shift", "scale-tensor", "scale-tensor-double"],
+)
+@pytest.mark.parametrize("with_inputs", [False, True], ids=["no-example", "example"])
+def test_optional_arguments_take_the_branch_eager_takes(args, kwargs, with_inputs):
+    """torch.fx makes optional arguments placeholders, on which `is None` is always False: the graph took the
+    `scale` branch and multiplied by None (or silently skipped `y * 3`). They are bound per call pattern."""
+    torch.manual_seed(0)
+    model = OptionalArgs().double()
+    x = torch.randn(2, 3, 8, 8, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,) if with_inputs else None)
+    assert optimized.fxfuse_report.fused
+    for _ in range(2):  # the second call runs the graph the first built
+        expected, got = model(x, *args, **kwargs), optimized(x, *args, **kwargs)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(optimized.bn.running_mean, model.bn.running_mean, rtol=1e-12, atol=1e-12)
+
+
+def test_a_call_pattern_gets_its_own_graph_and_the_example_s_graph_is_fused():
+    from fxfuse.fusion import install
+
+    model = OptionalArgs().double()
+    x = torch.randn(2, 3, 8, 8, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    graph = install.graph_for(optimized, x)
+    assert graph is not None and not any(n.target is torch._assert for n in graph.nodes)
+    assert install.graph_for(optimized, x, None, True) is None  # not built until called
+    optimized(x, None, True)
+    assert install.graph_for(optimized, x, None, True) is not None
+    assert install.graph_for(optimized, x, None, 1) is None  # 1 is not True: its own pattern
+
+
+class Layer(nn.Module):
+    """An HF-style layer: called with positional None and bool arguments it branches on."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, h, mask=None, output_attentions=False):
+        y = torch.relu(self.bn(self.conv(h)))
+        if mask is not None:
+            y = y * mask
+        return (y, y.mean()) if output_attentions else (y,)
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Layer(), Layer()])
+        self.log = []
+
+    def forward(self, h):
+        for layer in self.layers:
+            h = layer(h, None, False)[0]
+        self.log.append(1)  # a write torch.fx cannot record: the root runs as written, its layers are optimized
+        return h
+
+
+def test_submodules_called_with_none_and_flags_are_optimized_for_those_calls():
+    torch.manual_seed(0)
+    model = Encoder().double()
+    x = torch.randn(2, 4, 8, 8, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    assert_equivalent(model, optimized, x, dtype=F64)
+    from fxfuse.fusion import install
+
+    optimized(x)  # builds the layers' graphs for (h, None, False)
+    graph = install.graph_for(optimized.layers[0], x, None, False)
+    assert graph is not None and any("conv_bn_act" in str(n.target) for n in graph.nodes)
+
+
+def test_hf_model_called_as_it_is_keeps_its_output_type_and_options():
+    """A bare HF MobileNetV1Model: its forward branches on `output_hidden_states` (an optional argument) and
+    its TF padding on the input's shape. Before, optimize raised; now it fuses every conv and returns the
+    model's own output type, and a call with options runs as eager does."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.MobileNetV1Config(depth_multiplier=0.25, num_channels=3)
+    model = transformers.MobileNetV1Model(config).double().train()
+    x = torch.randn(2, 3, 32, 32, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    assert len(optimized.fxfuse_report.fused) == 27
+    expected, got = model(x), optimized(x)
+    assert type(got) is type(expected)
+    torch.testing.assert_close(got.last_hidden_state, expected.last_hidden_state, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got.pooler_output, expected.pooler_output, rtol=1e-9, atol=1e-9)
+    (got.last_hidden_state.sum() + got.pooler_output.sum()).backward()
+    (expected.last_hidden_state.sum() + expected.pooler_output.sum()).backward()
+    for (name, p), q in zip(model.named_parameters(), optimized.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-9, msg=name)
+    expected = model(x, output_hidden_states=True, return_dict=False)
+    got = optimized(x, output_hidden_states=True, return_dict=False)
+    assert type(got) is tuple and len(got) == len(expected) == 3 and len(got[2]) == len(expected[2])
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-9, atol=1e-9)
+
+
+def test_dict_outputs_keep_their_type():
+    import collections
+
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            out = collections.OrderedDict()
+            out["out"] = self.bn(self.conv(x))
+            out["aux"] = x.mean()
+            return out
+
+    model = Heads().double()
+    x = torch.randn(2, 3, 8, 8, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    got = optimized(x)
+    assert type(got) is collections.OrderedDict and list(got) == ["out", "aux"]
+    torch.testing.assert_close(got["out"], model(x)["out"], rtol=1e-12, atol=1e-12)

@@ -52,7 +52,7 @@ def _x(n=2, c=3, size=8):
 
 def _checkpoint_calls(model: nn.Module) -> list:
     state = model.__dict__[install_module._STATE]
-    graph = state.fx_graphs[install_module._key(state)]
+    graph = state.fx_graphs[install_module._key(state, pattern=state.last_pattern)]
     return [n.target for n in graph.nodes if isinstance(n.target, user_checkpoint.CheckpointCall)]
 
 

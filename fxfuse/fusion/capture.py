@@ -14,7 +14,7 @@ import torch.fx as fx
 from torch import nn
 
 from . import shapes, tracing
-from .tracing import TraceResult
+from .tracing import CallPattern, TraceResult
 
 
 @dataclass
@@ -30,10 +30,26 @@ def is_library_module(m: nn.Module) -> bool:
     )
 
 
-def capture(root: nn.Module, example_inputs: Optional[Sequence[Any]]) -> Capture:
-    """Trace `root` (its original class's forward if it is optimized); raises what tracing raises."""
+def call_pattern(
+    root: nn.Module, example_inputs: Optional[Sequence[Any]], pattern: Optional[CallPattern] = None
+) -> CallPattern:
+    """The call a graph of `root` is built for: `pattern`, else the example inputs', else `root(x)` (the
+    forward's required arguments alone)."""
+    if pattern is not None:
+        return pattern
+    if example_inputs is not None:
+        return CallPattern.of(example_inputs)
+    return CallPattern.required(getattr(type(root), "_fxfuse_original_class", type(root)).forward)
+
+
+def capture(root: nn.Module, example_inputs: Optional[Sequence[Any]], pattern: Optional[CallPattern] = None) -> Capture:
+    """Trace `root` (its original class's forward if it is optimized) for calls of `pattern`; raises what
+    tracing raises."""
     traced = tracing.trace(
-        root, forward_class=getattr(type(root), "_fxfuse_original_class", None), example_inputs=example_inputs
+        root,
+        forward_class=getattr(type(root), "_fxfuse_original_class", None),
+        example_inputs=example_inputs,
+        pattern=pattern,
     )
     modules = dict(root.named_modules())
     notes = []
@@ -78,11 +94,18 @@ class Captures:
     def __init__(self) -> None:
         self._by_key: dict[tuple, Any] = {}
 
-    def get(self, root: nn.Module, path: str, example_inputs: Optional[Sequence[Any]]) -> Capture:
-        key = (path, tuple(m.training for m in root.modules()))
+    def get(
+        self,
+        root: nn.Module,
+        path: str,
+        example_inputs: Optional[Sequence[Any]],
+        pattern: Optional[CallPattern] = None,
+    ) -> Capture:
+        pattern = call_pattern(root, example_inputs, pattern)
+        key = (path, tuple(m.training for m in root.modules()), pattern)
         if key not in self._by_key:
             try:
-                self._by_key[key] = capture(root, example_inputs)
+                self._by_key[key] = capture(root, example_inputs, pattern)
             except Exception as exc:
                 self._by_key[key] = exc
                 raise

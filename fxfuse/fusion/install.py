@@ -43,9 +43,10 @@ from .. import measure
 from ..ops.higher_order import transformed
 from . import graphs, layout, tracing
 from .apply import apply
-from .capture import Captures, capture, is_library_module
+from .capture import Captures, call_pattern, capture, is_library_module
 from .plan import Findings, Options
 from .report import FusionReport, skipped_site
+from .tracing import CallPattern
 
 _STATE = "_fxfuse_state"
 
@@ -64,6 +65,7 @@ class _State:
     last_leaf_failures: dict[str, str] = field(default_factory=dict)
     last_hooked: dict[str, str] = field(default_factory=dict)  # hooked leaves of the last trace
     last_key: tuple = ()
+    last_pattern: Optional[CallPattern] = None  # the call pattern of the last graph built
     # Shape-dependent Python was traced with the example inputs' shapes (tracing.py): graphs are then
     # keyed on the inputs' shapes too, and `example` (meta tensors) rebuilds them after pickling.
     specialized: bool = False
@@ -87,18 +89,19 @@ class Walk:
 _CHECKPOINT_FLAGS = ("grad_checkpointing", "gradient_checkpointing")
 
 
-def _key(state: _State, args: Sequence[Any] = (), kwargs: Optional[dict] = None) -> tuple:
+def _key(
+    state: _State, args: Sequence[Any] = (), kwargs: Optional[dict] = None, pattern: Optional[CallPattern] = None
+) -> tuple:
+    """The key of the graph a call `(*args, **kwargs)` runs: the training flags and checkpointing switches
+    it baked in, which modules have hooks, the call's pattern (tracing.CallPattern: given as `pattern`
+    where it is known) and, for a shape-specialized graph, its inputs' shapes."""
+    pattern = pattern if pattern is not None else CallPattern.of(args, kwargs)
     flags = tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
-    key = (flags, _hooked(state.watched))
+    key = (flags, _hooked(state.watched), pattern)
     if state.specialized:
-        key += (_input_signature(args, kwargs or {}),)
+        leaves = torch.utils._pytree.tree_leaves((tuple(args), kwargs or {}))
+        key += (tuple(tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)),)
     return key
-
-
-def _input_signature(args: Sequence[Any], kwargs: dict) -> tuple:
-    """What a shape-specialized graph was traced for: the count of inputs and every tensor's shape."""
-    leaves = torch.utils._pytree.tree_leaves((tuple(args), kwargs))
-    return (len(args), tuple(sorted(kwargs)), tuple(tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)))
 
 
 def _new_state(module: nn.Module, options: Options) -> _State:
@@ -158,9 +161,11 @@ def _fused_forward(self, *args, **kwargs):
         args = layout.to_channels_last(args)
     if transformed():  # torch.func / forward AD: the fused ops and regions have no rule for them
         return _original_forward(self, *args, **kwargs)
-    fn = state.graphs.get(_key(state, args, kwargs))
+    pattern = CallPattern.of(args, kwargs)
+    fn = state.graphs.get(_key(state, args, kwargs, pattern))
     if fn is None:
-        fn = _build_or_fall_back(self, state, args if state.specialized and not kwargs else None, install=True)
+        example = args if state.specialized and not kwargs else None
+        fn = _build_or_fall_back(self, state, example, install=True, pattern=pattern)
         _note_call_time_build(self, state)
     return fn(self, *args, **kwargs)
 
@@ -234,10 +239,15 @@ def _build(
     example_inputs: Optional[Sequence[Any]],
     captures: Optional[Captures] = None,
     path: str = "",
+    pattern: Optional[CallPattern] = None,
 ) -> Callable:
-    """Rewrite `root`'s graph for its current training flags (captured now, or taken from `captures`),
-    compile and cache it."""
-    captured = capture(root, example_inputs) if captures is None else captures.get(root, path, example_inputs)
+    """Rewrite `root`'s graph for its current training flags and a call `pattern` (captured now, or taken
+    from `captures`), compile and cache it."""
+    pattern = call_pattern(root, example_inputs, pattern)
+    if captures is None:
+        captured = capture(root, example_inputs, pattern)
+    else:
+        captured = captures.get(root, path, example_inputs, pattern)
     traced = captured.traced
     if traced.specialized:
         state.specialized = True
@@ -251,10 +261,11 @@ def _build(
             )
             state.graphs.clear()
     graph, found = apply(root, captured, state.options)
-    key = _key(state, example_inputs or ())
+    key = _key(state, example_inputs or (), pattern=pattern)
     state.fx_graphs[key] = graph
     fn = graphs.compile_graph(graph)
     state.last_key = key
+    state.last_pattern = pattern
     state.graphs[key] = fn
     state.found[key] = found
     state.last_leaf_failures = traced.leaf_failures
@@ -263,14 +274,18 @@ def _build(
 
 
 def _build_or_fall_back(
-    root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]], install: bool
+    root: nn.Module,
+    state: _State,
+    example_inputs: Optional[Sequence[Any]],
+    install: bool,
+    pattern: Optional[CallPattern] = None,
 ) -> Callable:
     """`_build`, with what it leaves out optimized on its own (`install`): the submodules of leaves
     that could not be traced through, and hooked submodules. Where `root`'s own forward cannot be
     traced with the current training flags and hooks, that key runs the forward as written, with
     its submodules optimized instead, so nothing torch.fx raises reaches the caller."""
     try:
-        fn = _build(root, state, example_inputs)
+        fn = _build(root, state, example_inputs, pattern=pattern)
     except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
         found = Findings()
         found.notes.append(
@@ -279,8 +294,10 @@ def _build_or_fall_back(
         )
         if install:
             _optimize_children(root, "", state.options, Walk(found, install))
-        key = _key(state, example_inputs or ())
+        pattern = call_pattern(root, example_inputs, pattern)
+        key = _key(state, example_inputs or (), pattern=pattern)
         state.last_key = key
+        state.last_pattern = pattern
         state.graphs[key] = _original_forward
         state.found[key] = found
         return _original_forward
@@ -301,10 +318,11 @@ def _build_other_mode(
     flags = [m.training for m in state.key_modules]
     if len(set(flags)) != 1:
         return None
+    pattern = state.last_pattern
     try:
         for m in state.key_modules:
             m.training = not flags[0]
-        _build_or_fall_back(root, state, example_inputs if state.specialized else None, install=True)
+        _build_or_fall_back(root, state, example_inputs if state.specialized else None, install=True, pattern=pattern)
         return ("eval" if flags[0] else "train"), state.found[state.last_key]
     finally:
         for m, flag in zip(state.key_modules, flags):
@@ -404,6 +422,13 @@ def walk(model: nn.Module, example_inputs, options: Options, walk: Walk) -> int:
     """Optimize (or with `walk.install` False, only find the sites of) `model`'s tree of traceable
     roots, into `walk.found`. Returns how many roots were optimized."""
     return _optimize_tree(model, "", options, example_inputs, walk)
+
+
+def graph_for(module: nn.Module, *args, **kwargs) -> Optional[object]:
+    """The rewritten graph an optimized `module` runs for a call `module(*args, **kwargs)` with its
+    current training flags and hooks (None: none built yet)."""
+    state: _State = module.__dict__[_STATE]
+    return state.fx_graphs.get(_key(state, args, kwargs))
 
 
 def fx_graph(module: nn.Module) -> Optional[object]:

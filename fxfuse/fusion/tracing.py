@@ -24,13 +24,23 @@
    inside such a module its shape reads return numbers. The graph is then specialized on
    the example inputs' shapes (TraceResult.specialized), and the optimized model keys its
    graphs on its inputs' shapes.
+ * the root's optional arguments a call does not give are bound to their defaults, and the None,
+   bool, int, float and str values a call gives are bound to those values (`CallPattern`), so that
+   `if mask is None:` or `if output_hidden_states:` take the branch eager takes: torch.fx would make
+   them placeholders, on which `is None` is always False and `if` raises. The optimized model keys
+   its graphs on the call's pattern;
+ * a dict subclass in the graph (HF's ModelOutput, an OrderedDict) keeps its type: torch.fx would
+   make it a plain dict, and `model(x).last_hidden_state` would fail.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
+import inspect
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -53,6 +63,85 @@ def _library_forward(m: nn.Module) -> bool:
     return forward_owner.startswith(("torch.nn", "torch.ao.nn")) and not isinstance(m, _CONTAINERS)
 
 
+_BINDABLE = (type(None), bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class CallPattern:
+    """How a forward is called: how many positional arguments, which keywords, and the values of those
+    that are None, bool, int, float or str (position or keyword -> value), which the graph bakes in."""
+
+    n_args: int
+    keywords: tuple[str, ...] = ()
+    values: tuple[tuple[Any, type, Any], ...] = ()
+
+    @classmethod
+    def of(cls, args: Sequence[Any], kwargs: Optional[dict] = None) -> CallPattern:
+        kwargs = kwargs or {}
+        values = tuple((i, type(a), a) for i, a in enumerate(args) if type(a) in _BINDABLE)
+        values += tuple((k, type(kwargs[k]), kwargs[k]) for k in sorted(kwargs) if type(kwargs[k]) in _BINDABLE)
+        return cls(len(args), tuple(sorted(kwargs)), values)
+
+    @classmethod
+    def required(cls, forward) -> CallPattern:
+        """The call that gives a forward's required positional arguments only (`model(x)`)."""
+        params = _parameters(forward)
+        if params is None:
+            return cls(0)
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return cls(sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty))
+
+
+def _parameters(forward) -> Optional[list[inspect.Parameter]]:
+    """A forward's parameters after `self` (None where its signature cannot be read)."""
+    try:
+        params = list(inspect.signature(inspect.unwrap(forward)).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    return params[1:]
+
+
+def bindings(forward, pattern: CallPattern) -> dict[str, Any]:
+    """The arguments of `forward` that a call of `pattern` fixes: the bindable values it gives, and the
+    defaults (None, bool, int, float, str) of those it does not give."""
+    params = _parameters(forward)
+    if params is None:
+        return {}
+    given = {key: value for key, _, value in pattern.values}
+    bound: dict[str, Any] = {}
+    for i, p in enumerate(params):
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        positional = p.kind is not inspect.Parameter.KEYWORD_ONLY and i < pattern.n_args
+        if positional and i in given:
+            bound[p.name] = given[i]
+        elif not positional and p.name in pattern.keywords:
+            if p.name in given:
+                bound[p.name] = given[p.name]
+        elif not positional and p.default is not inspect.Parameter.empty and type(p.default) in _BINDABLE:
+            bound[p.name] = p.default
+    return bound
+
+
+def _unbind_checks(graph: fx.Graph, bound: dict[str, Any]) -> None:
+    """torch.fx names a bound argument's placeholder `name_1` and checks its value in the graph; the
+    graph is only run for calls of its pattern, so the checks go and the placeholder keeps the argument's
+    name (a call passing it by keyword binds it)."""
+    for node in list(graph.nodes):
+        if node.op != "placeholder" or not node.target.endswith("_1") or node.target[:-2] not in bound:
+            continue
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.eq:
+                for check in list(user.users):
+                    if check.target is torch._assert:
+                        graph.erase_node(check)
+                if not user.users:
+                    graph.erase_node(user)
+            elif user.op == "call_function" and getattr(user.target, "__name__", "") == "_assert_is_none":
+                graph.erase_node(user)
+        node.target = node.target[:-2]
+
+
 @dataclass
 class TraceResult:
     graph: fx.Graph
@@ -61,6 +150,7 @@ class TraceResult:
     user_checkpoints: list[user_checkpoint.Spec] = field(default_factory=list)  # the model's own checkpoint calls
     specialized: bool = False  # shape reads were answered with the example inputs' shapes
     hooked: dict[str, str] = field(default_factory=dict)  # module path -> its hooks (a leaf so that they fire)
+    bound: dict[str, Any] = field(default_factory=dict)  # the root's arguments bound for the call pattern
 
 
 class ShapeProxy(fx.Proxy):
@@ -224,6 +314,11 @@ class FxFuseTracer(fx.Tracer):
             return iter([obj[i] for i in range(len(value))])
         return super().iter(obj)
 
+    def create_arg(self, a: Any):
+        if isinstance(a, dict) and type(a) is not dict and not isinstance(a, fx.immutable_collections.immutable_dict):
+            return self.create_node("call_function", _typed_dict_of(type(a)), (super().create_arg(dict(a)),), {})
+        return super().create_arg(a)
+
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_failures or has_hooks(m):
             return True
@@ -280,6 +375,22 @@ class FxFuseTracer(fx.Tracer):
             node = node.prev
         for node in nodes:  # newest first, so users go before their inputs
             self.graph.erase_node(node)
+
+
+_TYPED_DICT: dict[type, Any] = {}
+
+
+def _typed_dict_of(cls: type):
+    """The graph's call that rebuilds a `cls` (a dict subclass) from its items: a dataclass (HF's
+    ModelOutput) by keyword, others as `cls(items)`."""
+    if cls not in _TYPED_DICT:
+
+        def rebuild(items: dict) -> dict:
+            return cls(**items) if dataclasses.is_dataclass(cls) else cls(items)
+
+        rebuild.__name__ = rebuild.__qualname__ = f"{cls.__name__}_from_items"
+        _TYPED_DICT[cls] = rebuild
+    return _TYPED_DICT[cls]
 
 
 _APPLY: dict[type, Any] = {}
@@ -346,26 +457,35 @@ def first_line(exc: BaseException) -> str:
 
 
 def trace(
-    root: nn.Module, forward_class: type | None = None, example_inputs: Optional[Sequence[Any]] = None
+    root: nn.Module,
+    forward_class: type | None = None,
+    example_inputs: Optional[Sequence[Any]] = None,
+    pattern: Optional[CallPattern] = None,
 ) -> TraceResult:
     """Trace `root`; raises whatever torch.fx raises when root's own forward cannot be traced.
 
     `forward_class`: trace that class's forward instead of `type(root).forward` (an
     optimized module traces the forward of its original class). With `example_inputs`,
     what failed symbolically (root or submodules) is traced again with concrete shapes.
+    `pattern`: the call the graph is for (by default the example inputs', else the
+    forward's required arguments alone).
     """
+    forward = (forward_class or type(root)).forward
+    if pattern is None:
+        pattern = CallPattern.of(example_inputs) if example_inputs is not None else CallPattern.required(forward)
+    bound = bindings(forward, pattern)
     try:
-        first = _trace(root, forward_class, None, frozenset())
+        first = _trace(root, forward_class, None, frozenset(), bound)
     except TracingError:
         raise
     except Exception:
         if example_inputs is None:
             raise
-        return _trace(root, forward_class, example_inputs, frozenset({""}))
+        return _trace(root, forward_class, example_inputs, frozenset({""}), bound)
     retry = frozenset(path for path, why in first.leaf_failures.items() if not why.startswith(_CHANGES_STATE))
     if example_inputs is None or not retry:
         return first
-    second = _trace(root, forward_class, example_inputs, retry)
+    second = _trace(root, forward_class, example_inputs, retry, bound)
     return second if len(second.leaf_failures) < len(first.leaf_failures) else first
 
 
@@ -374,7 +494,9 @@ def trace(
 trace_count = 0
 
 
-def _trace(root: nn.Module, forward_class, example_inputs, concrete_paths: frozenset[str]) -> TraceResult:
+def _trace(
+    root: nn.Module, forward_class, example_inputs, concrete_paths: frozenset[str], bound: dict[str, Any]
+) -> TraceResult:
     global trace_count
     trace_count += 1
     guard = StateGuard(root)
@@ -388,7 +510,8 @@ def _trace(root: nn.Module, forward_class, example_inputs, concrete_paths: froze
         if example_inputs is not None:
             tracer.meta_root = measure.meta_copy(root)
         with user_checkpoint.intercepting(tracer, tracer.user_checkpoints), _functions_as_calls(tracer):
-            graph = tracer.trace(root)
+            graph = tracer.trace(root, concrete_args=bound or None)
+        _unbind_checks(graph, bound)
     finally:
         root.__class__ = cls
         changed = guard.end()
@@ -401,4 +524,5 @@ def _trace(root: nn.Module, forward_class, example_inputs, concrete_paths: froze
         tracer.user_checkpoints,
         tracer.specialized,
         dict(tracer.hooked),
+        dict(bound),
     )
