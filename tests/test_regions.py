@@ -211,3 +211,40 @@ def test_a_region_whose_values_a_later_call_keeps_as_pieces_drops_that_hint_and_
     report = optimized.fxfuse_report
     assert any("denseblock" in r.name for r in report.regions), report
     assert_equivalent(model, optimized, x, steps=2, dtype=torch.float64)
+
+
+class Stages(nn.Module):
+    """Stages as attributes of the root, no container of blocks (timm's DLA: `level0`…`level5`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.stage1, self.stage2 = DropoutBlock(), DropoutBlock()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.stage2(self.stage1(self.stem(x))).mean((2, 3)))
+
+
+def test_a_model_without_container_items_has_its_children_as_blocks():
+    """Before, such a model was one run from its first module to its last: no region could free anything,
+    and DLA-34's budgets below its fusion floor (0.464x) went unmet."""
+    torch.manual_seed(0)
+    model = Stages().double()
+    found = regions.find(tracing.trace(model).graph, model)
+    assert [(r.name, r.kind) for r in found] == [
+        ("stem", "block"),
+        ("stage1", "block"),
+        ("stage2", "block"),
+        ("fc…fc", "run"),
+    ]
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    recomputing = _recomputing(copy.deepcopy(model), [("stage1",), ("stage2",)])
+    plain = _recomputing(copy.deepcopy(model), [])
+    saved = [
+        measure.saved_activation_bytes(copy.deepcopy(m), (x.clone().requires_grad_(),)) for m in (recomputing, plain)
+    ]
+    assert saved[0] < saved[1]
+    assert_equivalent(model, recomputing, x, dtype=torch.float64)
+    # Models with container items keep their blocks: their other children stay runs.
+    assert [r.name for r in regions.find(tracing.trace(_resnet18()).graph, _resnet18())] == RESNET18_REGIONS

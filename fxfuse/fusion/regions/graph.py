@@ -3,7 +3,8 @@
 A region is a run of consecutive graph nodes with one output: a *block* (every node
 traced inside one residual block: a traced-through module that is an item of an
 nn.Sequential/ModuleList/ModuleDict and not itself a container, e.g. ResNet's
-`layer1.0`), or a *run* (the consecutive nodes between blocks that belong to none,
+`layer1.0`; in a model with no such item, each child of the root it was traced through,
+e.g. timm DLA's `level2`), or a *run* (the consecutive nodes between blocks that belong to none,
 e.g. ResNet's stem `conv1…maxpool`). A run is named after the first and last module
 it uses, so the name is the same whichever form its sites were fused in.
 
@@ -61,18 +62,23 @@ def _traced_through(graph: fx.Graph) -> set[str]:
     return paths
 
 
-def _is_block(path: str, modules: dict[str, nn.Module], traced: set[str]) -> bool:
+def _is_block(path: str, modules: dict[str, nn.Module], traced: set[str], stages: bool = False) -> bool:
+    """An item of a container that is not one itself; with `stages`, any child of the root."""
     module = modules.get(path)
-    if module is None or type(module) in _CONTAINERS or path not in traced:
+    if module is None or path not in traced or not path:
+        return False
+    if stages:
+        return "." not in path
+    if type(module) in _CONTAINERS:
         return False
     parent = modules.get(path.rsplit(".", 1)[0] if "." in path else "")
     return isinstance(parent, _CONTAINERS)
 
 
-def _block_of(node: fx.Node, modules: dict[str, nn.Module], traced: set[str]) -> Optional[str]:
+def _block_of(node: fx.Node, modules: dict[str, nn.Module], traced: set[str], stages: bool) -> Optional[str]:
     """The outermost block the node was traced inside."""
     for path, _ in node.meta.get("nn_module_stack", {}).values():
-        if _is_block(path, modules, traced):
+        if _is_block(path, modules, traced, stages):
             return path
     return None
 
@@ -86,10 +92,13 @@ def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[fx.Node, Optio
     (metadata stand-ins) go with their first user."""
     members = _members(graph)
     traced = _traced_through(graph)
+    # A model without container items (DLA's `level0`…`level5` are attributes of the root) would be
+    # one run: its blocks are then the root's children it was traced through.
+    stages = not any(_block_of(n, modules, traced, False) for n in members if "nn_module_stack" in n.meta)
     keys: dict[fx.Node, Optional[str]] = {}
     for node in members:
         if "nn_module_stack" in node.meta:
-            keys[node] = _block_of(node, modules, traced)
+            keys[node] = _block_of(node, modules, traced, stages)
     for node in reversed(members):
         if node not in keys:
             users = [u for u in node.users if u in keys]
