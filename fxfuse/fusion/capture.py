@@ -37,9 +37,7 @@ def call_pattern(
     forward's required arguments alone)."""
     if pattern is not None:
         return pattern
-    if example_inputs is not None:
-        return CallPattern.of(example_inputs)
-    return CallPattern.required(getattr(type(root), "_fxfuse_original_class", type(root)).forward)
+    return CallPattern.for_call(getattr(type(root), "_fxfuse_original_class", type(root)).forward, example_inputs)
 
 
 def capture(root: nn.Module, example_inputs: Optional[Sequence[Any]], pattern: Optional[CallPattern] = None) -> Capture:

@@ -284,6 +284,7 @@ def _build_or_fall_back(
     that could not be traced through, and hooked submodules. Where `root`'s own forward cannot be
     traced with the current training flags and hooks, that key runs the forward as written, with
     its submodules optimized instead, so nothing torch.fx raises reaches the caller."""
+    pattern = call_pattern(root, example_inputs, pattern)
     try:
         fn = _build(root, state, example_inputs, pattern=pattern)
     except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
@@ -294,7 +295,6 @@ def _build_or_fall_back(
         )
         if install:
             _optimize_children(root, "", state.options, Walk(found, install))
-        pattern = call_pattern(root, example_inputs, pattern)
         key = _key(state, example_inputs or (), pattern=pattern)
         state.last_key = key
         state.last_pattern = pattern

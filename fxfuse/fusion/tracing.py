@@ -47,6 +47,7 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx._symbolic_trace import _assert_is_none
 
 from .. import measure
 from ..errors import TracingError
@@ -81,6 +82,11 @@ class CallPattern:
         values = tuple((i, type(a), a) for i, a in enumerate(args) if type(a) in _BINDABLE)
         values += tuple((k, type(kwargs[k]), kwargs[k]) for k in sorted(kwargs) if type(kwargs[k]) in _BINDABLE)
         return cls(len(args), tuple(sorted(kwargs)), values)
+
+    @classmethod
+    def for_call(cls, forward, example_inputs: Optional[Sequence[Any]]) -> CallPattern:
+        """The example inputs' pattern, or without them `forward`'s required arguments alone."""
+        return cls.of(example_inputs) if example_inputs is not None else cls.required(forward)
 
     @classmethod
     def required(cls, forward) -> CallPattern:
@@ -137,7 +143,7 @@ def _unbind_checks(graph: fx.Graph, bound: dict[str, Any]) -> None:
                         graph.erase_node(check)
                 if not user.users:
                     graph.erase_node(user)
-            elif user.op == "call_function" and getattr(user.target, "__name__", "") == "_assert_is_none":
+            elif user.op == "call_function" and user.target is _assert_is_none:
                 graph.erase_node(user)
         node.target = node.target[:-2]
 
@@ -384,9 +390,10 @@ def _typed_dict_of(cls: type):
     """The graph's call that rebuilds a `cls` (a dict subclass) from its items: a dataclass (HF's
     ModelOutput) by keyword, others as `cls(items)`."""
     if cls not in _TYPED_DICT:
+        by_keyword = dataclasses.is_dataclass(cls)
 
         def rebuild(items: dict) -> dict:
-            return cls(**items) if dataclasses.is_dataclass(cls) else cls(items)
+            return cls(**items) if by_keyword else cls(items)
 
         rebuild.__name__ = rebuild.__qualname__ = f"{cls.__name__}_from_items"
         _TYPED_DICT[cls] = rebuild
@@ -471,9 +478,7 @@ def trace(
     forward's required arguments alone).
     """
     forward = (forward_class or type(root)).forward
-    if pattern is None:
-        pattern = CallPattern.of(example_inputs) if example_inputs is not None else CallPattern.required(forward)
-    bound = bindings(forward, pattern)
+    bound = bindings(forward, pattern or CallPattern.for_call(forward, example_inputs))
     try:
         first = _trace(root, forward_class, None, frozenset(), bound)
     except TracingError:

@@ -92,13 +92,12 @@ def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[fx.Node, Optio
     (metadata stand-ins) go with their first user."""
     members = _members(graph)
     traced = _traced_through(graph)
-    # A model without container items (DLA's `level0`…`level5` are attributes of the root) would be
-    # one run: its blocks are then the root's children it was traced through.
-    stages = not any(_block_of(n, modules, traced, False) for n in members if "nn_module_stack" in n.meta)
-    keys: dict[fx.Node, Optional[str]] = {}
-    for node in members:
-        if "nn_module_stack" in node.meta:
-            keys[node] = _block_of(node, modules, traced, stages)
+    stacked = [n for n in members if "nn_module_stack" in n.meta]
+    keys: dict[fx.Node, Optional[str]] = {n: _block_of(n, modules, traced, False) for n in stacked}
+    if not any(keys.values()):
+        # A model without container items (DLA's `level0`…`level5` are attributes of the root) would be
+        # one run: its blocks are then the root's children it was traced through.
+        keys = {n: _block_of(n, modules, traced, True) for n in stacked}
     for node in reversed(members):
         if node not in keys:
             users = [u for u in node.users if u in keys]
