@@ -32,6 +32,22 @@ class EveryLayerOp(nn.Module):
         return self.head(self.fc2(self.act(self.fc1(self.norm(x)))) * self.gamma)
 
 
+class Concatenating(nn.Module):
+    """Every op with a conv that keeps a concatenation's pieces (ops/cat_input.py): cat→conv, cat→conv→BN→ReLU,
+    cat→BN→ReLU→conv, as DenseNet's and CSP's layers run them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+        self.conv = nn.Conv2d(8, 4, 1)
+        self.conv_bn = nn.Sequential(nn.Conv2d(8, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+        self.bn_conv = nn.Sequential(nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        return self.conv(torch.cat([a, b], 1)) + self.conv_bn(torch.cat([b, a], 1)) + self.bn_conv(torch.cat([a, b], 1))
+
+
 def _step_flops(model, x) -> int:
     with FlopCounterMode(display=False) as counter:
         model(x).square().sum().backward()
@@ -63,3 +79,15 @@ def test_forward_counts_equal_eager():
             m(x)
         counts.append(counter.get_total_flops())
     assert counts[0] == counts[1] > 0
+
+
+def test_ops_keeping_pieces_count_their_conv():
+    """The counter sees cat_<op> alone: without its formula an optimized DenseNet counted none of its 1x1
+    convs, and recompute regions were costed without them."""
+    model, x = Concatenating(), torch.randn(2, 3, 8, 8)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, mode="memory")
+    assert {"fxfuse::cat_conv2d", "fxfuse::cat_conv_bn_act", "fxfuse::cat_bn_act_conv"} <= {
+        s.op for s in optimized.fxfuse_report.fused
+    }
+    recompute = sum(s.recompute_flops or 0 for s in optimized.fxfuse_report.fused)
+    assert _step_flops(optimized, x) == _step_flops(model, x) + recompute

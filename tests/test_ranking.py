@@ -70,3 +70,19 @@ def test_region_flops_weigh_more_than_a_sites():
     ranked = ranking.rank([upgrade], _profile())
     assert [e.name for e in ranked][:2] == ["c.conv1 + c.bn1", "a"]
     assert ranked[1].describe() == "10 FLOP/B"
+
+
+def test_an_inner_region_gives_way_to_its_block(unweighted):
+    """DenseNet's layers are regions inside their dense block's: a block chosen later replaces them, and one
+    ranked before them makes them idle (dropped)."""
+    inner = [
+        RegionCost("a.l1", "block", ("a.l1.conv",), flops=100, freed_bytes=100, parent="a"),  # 1 FLOP/B
+        RegionCost("a.l2", "block", ("a.l2.conv",), flops=2000, freed_bytes=100, parent="a"),  # 20 FLOP/B
+    ]
+    profile = _profile()
+    profile.regions += inner
+    ranked = ranking.rank([], profile)
+    assert [e.name for e in ranked] == ["a.l1", "a", "b", "a→b"]  # a.l2 after its block: dropped
+    order = [r.name for r in profile.regions]
+    assert ranking.select(ranked[:1], [], order).groups == (("a.l1",),)
+    assert ranking.select(ranked[:2], [], order).groups == (("a",),)

@@ -71,3 +71,22 @@ def test_the_whole_graph_is_no_region():
     profile = _profile(model, torch.randn(2, 3, 16, 16))
     assert profile.regions == [] and profile.links == []
     assert any("whole graph" in why for why in profile.problems.values())
+
+
+def _dense_net() -> nn.Module:
+    torch.manual_seed(0)
+    return torchvision.models.DenseNet(growth_rate=4, block_config=(3, 2), num_init_features=8, bn_size=2)
+
+
+def test_a_dense_layer_is_an_inner_region_costed_without_its_last_conv():
+    """A layer's recompute stops before its 3x3 conv (regions/graph.py tail_conv): it costs its 1x1 conv."""
+    x = torch.randn(2, 3, 32, 32)
+    profile = _profile(_dense_net(), x)
+    by_name = {r.name: r for r in profile.regions}
+    layer = by_name["features.denseblock1.denselayer2"]
+    assert layer.parent == "features.denseblock1" and by_name["features.denseblock1"].parent == ""
+    pixels = 2 * 8 * 8
+    assert layer.flops == 2 * pixels * (8 + 4) * 8  # 1x1 conv: 12 -> bn_size * growth_rate channels
+    # It frees that conv's output (the BN→ReLU→3x3 conv's input) and the two batch norms' statistics.
+    assert layer.freed_bytes == pixels * 8 * 4 + 2 * (12 + 8) * 4  # mean and inverse std
+    assert not any(link.first.endswith("denselayer1") or link.second.endswith("denselayer2") for link in profile.links)

@@ -248,3 +248,63 @@ def test_a_model_without_container_items_has_its_children_as_blocks():
     assert_equivalent(model, recomputing, x, dtype=torch.float64)
     # Models with container items keep their blocks: their other children stay runs.
     assert [r.name for r in regions.find(tracing.trace(_resnet18()).graph, _resnet18())] == RESNET18_REGIONS
+
+
+def _dense_net():
+    torch.manual_seed(0)
+    return torchvision.models.DenseNet(growth_rate=4, block_config=(3, 2), num_init_features=8, bn_size=2).double()
+
+
+def _conv_forwards(model, x) -> int:
+    """Convolution forwards run by one train step: aten's, and those inside fxfuse's ops that hold one."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names = {"aten::convolution", "fxfuse::bn_act_conv", "fxfuse::cat_bn_act_conv", "fxfuse::conv_bn_act"}
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += func.name() in names
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        measure.train_step(model, (x,))
+    return Count.n
+
+
+def test_dense_layers_are_inner_regions_whose_recompute_stops_before_their_last_conv():
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    plain = _recomputing(_dense_net(), [])
+    found = {r.name: r for r in regions.find(_graph(plain), plain)}
+    layers = [f"features.denseblock1.denselayer{i}" for i in (1, 2, 3)]
+    assert all(found[name].parent == "features.denseblock1" for name in layers)
+    assert found["features.denseblock1"].parent == ""
+
+    recomputing = _recomputing(_dense_net(), [(name,) for name in layers])
+    calls = [n.target.name for n in _graph(recomputing).nodes if isinstance(n.target, recompute.RegionCall)]
+    assert calls == layers
+    saved = [measure.saved_activation_bytes(m, (x,)) for m in (recomputing, plain)]
+    assert saved[0] < saved[1]
+    # Each layer's 1x1 conv runs again in backward, its 3x3 conv does not: checkpoint stops once it has back
+    # what the 3x3 conv saved, before that conv runs.
+    assert _conv_forwards(recomputing, x) - _conv_forwards(plain, x) == len(layers)
+    fresh = _recomputing(_dense_net(), [(name,) for name in layers])  # the steps above moved the statistics
+    assert_equivalent(_dense_net(), fresh, x, dtype=torch.float64, steps=2)
+
+
+def test_a_budget_recomputes_dense_layers_exactly_with_second_order_gradients():
+    import fxfuse
+
+    model = _dense_net()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.25)
+    chosen = [r.name for r in optimized.fxfuse_report.regions]
+    assert any(".denselayer" in name for name in chosen), optimized.fxfuse_report
+    assert_equivalent(model, optimized, x, dtype=torch.float64, steps=2)
+    inputs = x.clone().requires_grad_()
+    second = []
+    for m in (model, optimized):
+        (g,) = torch.autograd.grad(m(inputs).square().sum(), inputs, create_graph=True)
+        second.append(torch.autograd.grad(g.square().sum(), inputs)[0])
+    torch.testing.assert_close(second[1], second[0], rtol=1e-9, atol=1e-12)

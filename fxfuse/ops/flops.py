@@ -120,8 +120,18 @@ def _bn_act_conv_backward(grad_out_shape, input_shape, *args, **kwargs) -> int:
     return recompute + _conv_gradients(grad_out_shape, input_shape, weight_shape, any(mask[:3]), mask[3])
 
 
+def _on_the_concatenation(formula):
+    """cat_<op>'s forward formula: <op>'s on the concatenated input. The counter sees cat_<op> alone
+    (its kernel calls <op> below the counter); its backward runs <op>'s backward op, counted by that."""
+
+    def counted(pieces_shapes, input_shape, *args, **kwargs) -> int:
+        return formula(input_shape, *args, **kwargs)
+
+    return counted
+
+
 def register() -> None:
-    """Register the formulas (fxfuse._C defines the ops)."""
+    """Register the formulas (fxfuse._C defines the ops; ops/cat_input.py the cat_ variants)."""
     fxfuse = torch.ops.fxfuse
     formulas = {
         fxfuse.linear_act: _linear_forward,
@@ -142,6 +152,9 @@ def register() -> None:
         fxfuse.conv_bn_act_backward: _conv_bn_act_backward,
         fxfuse.bn_act_conv: _bn_act_conv_forward,
         fxfuse.bn_act_conv_backward: _bn_act_conv_backward,
+        fxfuse.cat_conv2d: _on_the_concatenation(_conv_act_forward),
+        fxfuse.cat_conv_bn_act: _on_the_concatenation(_conv_bn_act_forward),
+        fxfuse.cat_bn_act_conv: _on_the_concatenation(_bn_act_conv_forward),
     }
     for op, formula in formulas.items():
         if op not in flop_registry:  # once per process

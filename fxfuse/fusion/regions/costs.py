@@ -6,6 +6,8 @@ runs (FlopCounterMode) and the storages autograd saves while it runs (the same u
 storages `fxfuse.measure` counts). A region frees the storages saved only by its own
 nodes, less what it keeps: its inputs, where nothing else keeps them already.
 
+An inner region whose last conv is not run again (regions/graph.py) counts its FLOPs without it.
+
 A *link* joins two consecutive regions into a chain: the second no longer keeps its
 input (the first one's output), which backward rebuilds by running the first again.
 """
@@ -31,6 +33,7 @@ class RegionCost:
     modules: tuple[str, ...]
     flops: int  # one forward of the region: the recompute
     freed_bytes: int  # saved for backward without it, less what it keeps (its inputs)
+    parent: str = ""  # an inner region: the block it lies in (regions/graph.py)
 
 
 @dataclass
@@ -88,9 +91,11 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
     with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
         recorder.run(*inputs)
     found = region_graph.find(graph, module)
-    everything = sum(len(r.nodes) for r in found)
+    modules = dict(module.named_modules())
+    everything = sum(len(r.nodes) for r in found if not r.parent)
     saved_anywhere = set(recorder.savers)
     costs, problems = [], {}
+    whole: dict[str, int] = {}  # a region's forward, its last conv included: what a link runs again
     for region in found:
         if region.problem is None and len(region.nodes) == everything:
             region.problem = "it is the whole graph: its recompute would hold all of eager's activations at once"
@@ -101,16 +106,20 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
         internal = {k for k, nodes in recorder.savers.items() if nodes <= inside}
         kept = {k for n in region.inputs for k in recorder.outputs.get(n, ()) if k not in exclude}
         freed = _bytes(internal - kept) - _bytes(kept - saved_anywhere)
-        flops = sum(recorder.flops.get(n, 0) for n in region.nodes)
-        costs.append(RegionCost(region.name, region.kind, region.modules, flops, freed))
+        # A last conv the recompute stops before (region_graph.tail_conv) is not run again.
+        ran = region.nodes[:-1] if region_graph.tail_conv(region.nodes[-1], modules) else region.nodes
+        flops = sum(recorder.flops.get(n, 0) for n in ran)
+        costs.append(RegionCost(region.name, region.kind, region.modules, flops, freed, region.parent))
+        whole[region.name] = sum(recorder.flops.get(n, 0) for n in region.nodes)
     by_name = {r.name: r for r in found}
     links = []
-    for first, second in zip(costs, costs[1:]):
+    outer = [c for c in costs if not c.parent]
+    for first, second in zip(outer, outer[1:]):
         a, b = by_name[first.name], by_name[second.name]
         if b.inputs != [a.output] or any(u not in b.nodes for u in a.output.users):
             continue
         freed = _bytes(k for k in set(recorder.outputs.get(a.output, ())) if k not in exclude)
-        links.append(LinkCost(first.name, second.name, first.flops, freed))
+        links.append(LinkCost(first.name, second.name, whole[first.name], freed))
     return Profile(costs, links, problems)
 
 
@@ -125,7 +134,8 @@ def joined(parts: list[tuple[str, Profile]]) -> Profile:
     for path, part in parts:
         for r in part.regions:
             modules = tuple(_joined_name(path, m) if m else path for m in r.modules)
-            regions.append(RegionCost(_joined_name(path, r.name), r.kind, modules, r.flops, r.freed_bytes))
+            parent = _joined_name(path, r.parent) if r.parent else ""
+            regions.append(RegionCost(_joined_name(path, r.name), r.kind, modules, r.flops, r.freed_bytes, parent))
         for link in part.links:
             first, second = _joined_name(path, link.first), _joined_name(path, link.second)
             links.append(LinkCost(first, second, link.flops, link.freed_bytes))

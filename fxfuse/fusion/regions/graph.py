@@ -51,6 +51,7 @@ class Region:
     output: Optional[fx.Node] = None
     modules: tuple[str, ...] = ()  # module paths it uses, in first-use order
     problem: Optional[str] = None  # why it cannot be recomputed as one region
+    parent: str = ""  # an inner region: the block it lies in (one or the other is recomputed, not both)
 
 
 def _traced_through(graph: fx.Graph) -> set[str]:
@@ -83,13 +84,35 @@ def _block_of(node: fx.Node, modules: dict[str, nn.Module], traced: set[str], st
     return None
 
 
+def _inner_block_of(
+    node: fx.Node, modules: dict[str, nn.Module], traced: set[str], outer: Optional[str]
+) -> Optional[str]:
+    """The innermost block inside `outer` the node was traced inside (DenseNet's `denseblock1.denselayer3`
+    in `denseblock1`), or None."""
+    if outer is None:
+        return None
+    inner = None
+    for path, _ in node.meta.get("nn_module_stack", {}).values():
+        if path.startswith(outer + ".") and _is_block(path, modules, traced):
+            inner = path
+    return inner
+
+
 def _members(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
 
 
-def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[fx.Node, Optional[str]]:
-    """Each member node's block (None: not in a block). Nodes the passes added without a module stack
-    (metadata stand-ins) go with their first user."""
+def _with_users_keys(members: list[fx.Node], keys: dict[fx.Node, Optional[str]]) -> dict[fx.Node, Optional[str]]:
+    """Nodes the passes added without a module stack (metadata stand-ins) go with their first user."""
+    for node in reversed(members):
+        if node not in keys:
+            users = [u for u in node.users if u in keys]
+            keys[node] = keys[users[0]] if users else None
+    return keys
+
+
+def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[dict, dict]:
+    """Each member node's block and inner block (None: not in one)."""
     members = _members(graph)
     traced = _traced_through(graph)
     stacked = [n for n in members if "nn_module_stack" in n.meta]
@@ -98,11 +121,8 @@ def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[fx.Node, Optio
         # A model without container items (DLA's `level0`…`level5` are attributes of the root) would be
         # one run: its blocks are then the root's children it was traced through.
         keys = {n: _block_of(n, modules, traced, True) for n in stacked}
-    for node in reversed(members):
-        if node not in keys:
-            users = [u for u in node.users if u in keys]
-            keys[node] = keys[users[0]] if users else None
-    return keys
+    inner = {n: _inner_block_of(n, modules, traced, keys[n]) for n in stacked}
+    return _with_users_keys(members, keys), _with_users_keys(members, inner)
 
 
 def _touched_modules(nodes: Sequence[fx.Node], graph_modules: dict[str, nn.Module]) -> tuple[str, ...]:
@@ -128,11 +148,13 @@ def _as_piece_only(node: fx.Node, user: fx.Node) -> bool:
     return node not in other
 
 
-def _drop_pieces(nodes: list[fx.Node]) -> None:
+def _drop_pieces(nodes: list[fx.Node], output: fx.Node) -> None:
     """Calls after the region that would keep its values as pieces keep their concatenation instead
-    (the region frees those values; the op is exact either way)."""
+    (the region frees those values; the op is exact either way). Its output lives on: a piece still."""
     inside = set(nodes)
     for node in nodes:
+        if node is output:
+            continue
         for user in list(node.users):
             if user not in inside and _as_piece_only(node, user):
                 user.kwargs = {k: v for k, v in user.kwargs.items() if k != "pieces"}
@@ -151,9 +173,9 @@ def _boundary(nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
     return list(inputs), outputs
 
 
-def _region(name: str, kind: str, nodes: list[fx.Node], modules: dict[str, nn.Module]) -> Region:
+def _region(name: str, kind: str, nodes: list[fx.Node], modules: dict[str, nn.Module], parent: str = "") -> Region:
     inputs, outputs = _boundary(nodes)
-    region = Region(name, kind, nodes, inputs, outputs[0] if len(outputs) == 1 else None)
+    region = Region(name, kind, nodes, inputs, outputs[0] if len(outputs) == 1 else None, parent=parent)
     region.modules = _touched_modules(nodes, modules)
     if len(outputs) != 1:
         region.problem = f"{len(outputs)} of its values are used after it (a region has one output)"
@@ -169,19 +191,26 @@ def _region(name: str, kind: str, nodes: list[fx.Node], modules: dict[str, nn.Mo
     return region
 
 
-def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
-    """Every block and run of `graph`, in graph order (with a problem where one cannot be a region)."""
-    modules = dict(root.named_modules())
-    keys = _keys(graph, modules)
+def _runs(members: list[fx.Node], keys: dict[fx.Node, Optional[str]]) -> list[tuple[Optional[str], list[fx.Node]]]:
     groups: list[tuple[Optional[str], list[fx.Node]]] = []
-    for node in _members(graph):
+    for node in members:
         key = keys[node]
         if groups and groups[-1][0] == key:
             groups[-1][1].append(node)
         else:
             groups.append((key, [node]))
+    return groups
+
+
+def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
+    """Every block and run of `graph`, in graph order (with a problem where one cannot be a region);
+    then the *inner* blocks of those blocks whose recompute stops before their last conv (`tail_conv`):
+    DenseNet's layers inside a dense block. Other inner blocks are not offered (docs/memory_budgets.md)."""
+    modules = dict(root.named_modules())
+    keys, inner_keys = _keys(graph, modules)
+    members = _members(graph)
     regions, seen = [], {}
-    for key, nodes in groups:
+    for key, nodes in _runs(members, keys):
         if key is None:
             touched = _touched_modules(nodes, modules)
             name = f"{touched[0]}…{touched[-1]}" if touched else f"run at {nodes[0].name}"
@@ -191,7 +220,55 @@ def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
         else:
             seen[key] = _region(key, "block", nodes, modules)
             regions.append(seen[key])
+    inner, interleaved = {}, set()
+    for key, nodes in _runs(members, inner_keys):
+        if key is None:
+            continue
+        if key in inner:
+            interleaved.add(key)
+        else:
+            inner[key] = _region(key, "block", nodes, modules, parent=keys[nodes[0]])
+    for key, region in inner.items():
+        if key not in interleaved and region.problem is None and tail_conv(region.nodes[-1], modules) is not None:
+            regions.append(region)
     return regions
+
+
+def tail_conv(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[str]:
+    """The conv module `node` (a region's last node) ends in, where a region's recompute can stop before
+    running it: a Conv2d module call, or fxfuse::bn_act_conv without an epilogue, which `split_tail` turns
+    into BN→activation and that conv. Autograd saves a conv's inputs before it convolves, so
+    non-reentrant checkpoint has every saved tensor back before the conv would run, and stops there
+    (its early stop)."""
+    if node.op == "call_module" and type(modules.get(str(node.target))) is nn.Conv2d:
+        return str(node.target)
+    if node.op != "call_function" or node.target is not runtime.bn_act_conv_module:
+        return None
+    if len(node.args) != 5 or set(node.kwargs) - {"pieces"}:
+        return None
+    conv = node.args[4]
+    if not (isinstance(conv, fx.Node) and conv.op == "get_attr" and type(modules.get(str(conv.target))) is nn.Conv2d):
+        return None
+    return str(conv.target)
+
+
+def split_tail(graph: fx.Graph, nodes: list[fx.Node], modules: dict[str, nn.Module]) -> list[fx.Node]:
+    """`nodes` with the last one, where it is a `tail_conv`, run as BN→activation (fxfuse's kernel,
+    keeping its input) and then the conv module: the conv keeps the activation output inside the
+    region, which checkpoint does not keep, and the recompute stops before the conv runs again."""
+    last = nodes[-1]
+    target = tail_conv(last, modules)
+    if target is None or last.op == "call_module":
+        return nodes
+    y, bn, act, act_param, _ = last.args
+    with graph.inserting_before(last):
+        pointwise = graph.call_function(runtime.bn_act_module, (y, bn, act, act_param), dict(last.kwargs))
+        conv = graph.call_module(target, (pointwise,))
+    for new in (pointwise, conv):
+        new.meta.update({k: v for k, v in last.meta.items() if k in ("nn_module_stack", "stack_trace")})
+    last.replace_all_uses_with(conv)
+    graph.erase_node(last)
+    return [*nodes[:-1], pointwise, conv]
 
 
 def _fuse_batch_norms(graph: fx.Graph, nodes: list[fx.Node], modules: dict[str, nn.Module]) -> list[fx.Node]:
@@ -214,7 +291,7 @@ def extract(graph: fx.Graph, name: str, nodes: list[fx.Node], module_paths: Sequ
     """Replace the consecutive `nodes` (one output) by a RegionCall node running a compiled copy of them."""
     inputs, outputs = _boundary(nodes)
     (output,) = outputs
-    _drop_pieces(nodes)
+    _drop_pieces(nodes, output)
     sub, components = subgraph(nodes, inputs, outputs)
     call = recompute.RegionCall(name, compile_graph(sub), components, tuple(module_paths))
     with graph.inserting_before(nodes[0]):
@@ -266,6 +343,7 @@ def apply(
         calls = []
         for segment in segments(group, flat_links):
             nodes = [n for name in segment for n in _fuse_batch_norms(graph, by_name[name].nodes, modules)]
+            nodes = split_tail(graph, nodes, modules)
             calls.append(extract(graph, "+".join(segment), nodes, paths(segment)))
         if len(calls) == 1:
             continue

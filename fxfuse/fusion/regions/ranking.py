@@ -7,6 +7,8 @@ Three kinds of entries, all costed in recompute FLOPs per byte freed:
 * a *region*: a block or run (regions/graph.py) keeps only its inputs and runs its
   forward again in backward, its sites in pointwise form inside (a conv is recomputed
   once, by the region, never again by its site); worth what its nodes keep beyond that;
+* an *inner region* (DenseNet's layer inside a dense block) is a region too; its block,
+  where chosen later in the ranking, replaces it;
 * a *link*: two consecutive chosen regions become one chain, so the second no longer
   keeps its input; costs running the first again.
 
@@ -106,6 +108,8 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
     for e in entries:
         if isinstance(e, Candidate) and any(site_in_region(e.site.names, r) for r in regions_so_far):
             continue
+        if isinstance(e, RegionCandidate) and e.kind == "region" and e.cost.parent in {r.name for r in regions_so_far}:
+            continue  # an inner region after its block: the block recomputes it already
         if isinstance(e, RegionCandidate) and e.kind == "region":
             regions_so_far.append(e.cost)
         ranked.append(e)
@@ -139,6 +143,8 @@ def _groups(regions: list[RegionCandidate], links: list[RegionCandidate], order:
 
 def select(prefix: list[Entry], pointwise: list[SiteData], region_order: list[str]) -> Selection:
     regions = [e for e in prefix if isinstance(e, RegionCandidate) and e.kind == "region"]
+    outer = {r.cost.name for r in regions}
+    regions = [r for r in regions if r.cost.parent not in outer]  # a block replaces its inner regions
     links = [e for e in prefix if isinstance(e, RegionCandidate) and e.kind == "link"]
     upgrades = [
         e for e in prefix if isinstance(e, Candidate) and not any(site_in_region(e.site.names, r.cost) for r in regions)
