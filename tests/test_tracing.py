@@ -14,6 +14,7 @@ from torch import nn
 
 import fxfuse
 from fxfuse.errors import TracingError
+from fxfuse.fusion import tracing
 from fxfuse.testing import assert_equivalent
 
 F64 = torch.float64
@@ -374,3 +375,53 @@ def test_dict_outputs_keep_their_type():
     got = optimized(x)
     assert type(got) is collections.OrderedDict and list(got) == ["out", "aux"]
     torch.testing.assert_close(got["out"], model(x)["out"], rtol=1e-12, atol=1e-12)
+
+
+class _OddPad(nn.Module):
+    """TF-style 'same' padding: Python on the input's shape, traced with concrete shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        if x.shape[-1] % 2:
+            x = torch.nn.functional.pad(x, (1, 1, 1, 1))
+        return self.bn(self.conv(x))
+
+
+class _KeywordNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _OddPad()
+
+    def forward(self, x, mask=None, scale: float = 1.0, **kwargs):
+        y = self.block(x) * scale
+        return y if mask is None else y * mask
+
+
+def test_a_keyword_call_traces_shape_dependent_code_with_its_own_inputs():
+    """HF models are called `model(pixel_values=x)`: the graph such a call builds traced shape-dependent
+    submodules with no example inputs (they were positional only), so they stayed unfused leaves."""
+    from fxfuse.fusion import install
+
+    torch.manual_seed(0)
+    model = _KeywordNet().double()
+    x, mask = torch.randn(2, 3, 9, 9, dtype=F64), torch.rand(2, 4, 9, 9, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    for kwargs in ({"x": x}, {"mask": mask, "x": x}, {"scale": 2.0, "x": x, "mask": mask}):
+        torch.testing.assert_close(optimized(**kwargs), model(**kwargs), rtol=1e-12, atol=1e-12)
+        graph = install.graph_for(optimized, **kwargs)
+        assert graph is not None and any("conv_bn_act" in str(n.target) for n in graph.nodes), kwargs
+        before = tracing.trace_count
+        optimized(**kwargs)
+        assert tracing.trace_count == before, "a second call of the same pattern traced again"
+    assert not any("not traceable" in note for note in optimized.fxfuse_report.notes), optimized.fxfuse_report.notes
+
+
+def test_a_call_in_signature_order():
+    forward = _KeywordNet.forward
+    assert tracing.in_signature_order(forward, (1,), {"scale": 2.0}) == (1, None, 2.0)
+    assert tracing.in_signature_order(forward, (), {"mask": 3, "x": 1}) == (1, 3, 1.0)
+    assert tracing.in_signature_order(forward, (), {"mask": 3}) is None  # x missing
+    assert tracing.in_signature_order(forward, (1,), {"other": 3}) is None  # goes to **kwargs

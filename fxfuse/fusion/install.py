@@ -162,10 +162,19 @@ def _fused_forward(self, *args, **kwargs):
     if transformed():  # torch.func / forward AD: the fused ops and regions have no rule for them
         return _original_forward(self, *args, **kwargs)
     pattern = CallPattern.of(args, kwargs)
-    fn = state.graphs.get(_key(state, args, kwargs, pattern))
+    key = _key(state, args, kwargs, pattern)
+    fn = state.graphs.get(key)
     if fn is None:
-        example = args if state.specialized and not kwargs else None
+        example = None
+        if state.specialized:  # shapes were read in forward: trace with this call's
+            forward = type(self)._fxfuse_original_class.forward
+            example = tracing.in_signature_order(forward, args, kwargs) if kwargs else args
         fn = _build_or_fall_back(self, state, example, install=True, pattern=pattern)
+        # A keyword call's example lists its tensors in signature order, the call in its own: one graph, both keys.
+        for table in (state.graphs, state.fx_graphs, state.found):
+            if state.last_key in table:
+                table[key] = table[state.last_key]
+        state.last_key = key
         _note_call_time_build(self, state)
     return fn(self, *args, **kwargs)
 

@@ -129,6 +129,28 @@ def bindings(forward, pattern: CallPattern) -> dict[str, Any]:
     return bound
 
 
+def in_signature_order(forward, args: Sequence[Any], kwargs: dict) -> Optional[tuple]:
+    """The call `forward(*args, **kwargs)` as positional example inputs, one per parameter in the forward's
+    order (defaults where not given): the order of its placeholders, which the tracer's concrete shapes
+    follow. None where that is not one call's worth of positions (`*args`, an unknown name, a
+    required argument missing). A `**kwargs` parameter is left empty, as the tracer leaves it."""
+    params = _parameters(forward)
+    if params is None or any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    params = [p for p in params if p.kind is not p.VAR_KEYWORD]
+    if len(args) > len(params) or set(kwargs) - {p.name for p in params[len(args) :]}:
+        return None
+    values = list(args)
+    for p in params[len(args) :]:
+        if p.name in kwargs:
+            values.append(kwargs[p.name])
+        elif p.default is not inspect.Parameter.empty:
+            values.append(p.default)
+        else:
+            return None
+    return tuple(values)
+
+
 def _unbind_checks(graph: fx.Graph, bound: dict[str, Any]) -> None:
     """torch.fx names a bound argument's placeholder `name_1` and checks its value in the graph; the
     graph is only run for calls of its pattern, so the checks go and the placeholder keeps the argument's
