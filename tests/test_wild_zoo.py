@@ -113,7 +113,9 @@ def test_yolov8n_train_mode_meets_a_memory_budget_of_0_3():
     x = entry.example_input(batch=4, size=256)
     eager = measure.saved_activation_bytes(copy.deepcopy(model), (x,))
     optimized = fxfuse.optimize(copy.deepcopy(model), (x,), memory_budget=0.3)
-    notes = " ".join(optimized.fxfuse_report.notes)
+    # The plan is made for train mode; in eval mode the Detect head changes its state and stays a leaf, so
+    # the regions inside it are not found there, and the report says so under "in eval mode".
+    notes = " ".join(n for n in optimized.fxfuse_report.notes if not n.startswith("in eval mode"))
     assert "memory budget 0.30× met" in notes and "not found" not in notes, notes
     assert measure.saved_activation_bytes(optimized, (x,)) <= 0.3 * eager
 
