@@ -107,15 +107,18 @@ def test_segments_cut_a_group_where_its_links_are_not_flat():
     assert regions.segments(group, frozenset({("b", "c"), ("a", "c")})) == [("a",), ("b", "c"), ("d",)]
 
 
+_CONVOLVING = ("aten::convolution", "fxfuse::bn_act_conv", "fxfuse::cat_bn_act_conv", "fxfuse::conv_bn_act")
+
+
 def _forward_convs(model, x) -> int:
-    """Convolution forwards run by one train step (aten's, and those inside fxfuse's BN→act→conv op)."""
+    """Convolution forwards run by one train step: aten's, and those inside fxfuse's ops that hold one."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
         n = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.name() in ("aten::convolution", "fxfuse::bn_act_conv"):
+            if func.name() in _CONVOLVING:
                 Count.n += 1
             return func(*args, **(kwargs or {}))
 
@@ -255,24 +258,6 @@ def _dense_net():
     return torchvision.models.DenseNet(growth_rate=4, block_config=(3, 2), num_init_features=8, bn_size=2).double()
 
 
-def _conv_forwards(model, x) -> int:
-    """Convolution forwards run by one train step: aten's, and those inside fxfuse's ops that hold one."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    names = {"aten::convolution", "fxfuse::bn_act_conv", "fxfuse::cat_bn_act_conv", "fxfuse::conv_bn_act"}
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += func.name() in names
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        measure.train_step(model, (x,))
-    return Count.n
-
-
 def test_dense_layers_are_inner_regions_whose_recompute_stops_before_their_last_conv():
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     plain = _recomputing(_dense_net(), [])
@@ -288,7 +273,7 @@ def test_dense_layers_are_inner_regions_whose_recompute_stops_before_their_last_
     assert saved[0] < saved[1]
     # Each layer's 1x1 conv runs again in backward, its 3x3 conv does not: checkpoint stops once it has back
     # what the 3x3 conv saved, before that conv runs.
-    assert _conv_forwards(recomputing, x) - _conv_forwards(plain, x) == len(layers)
+    assert _forward_convs(recomputing, x) - _forward_convs(plain, x) == len(layers)
     fresh = _recomputing(_dense_net(), [(name,) for name in layers])  # the steps above moved the statistics
     assert_equivalent(_dense_net(), fresh, x, dtype=torch.float64, steps=2)
 
