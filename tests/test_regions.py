@@ -200,6 +200,15 @@ def test_groups_that_are_no_chain_are_noted_and_left_alone(group):
     assert_equivalent(_resnet18(), model, torch.randn(2, 3, 64, 64, dtype=torch.float64), dtype=torch.float64)
 
 
+def test_regions_missing_from_a_graph_are_noted_in_one_line():
+    model = _resnet18()
+    plan = Plan(regions=(("gone.0",), ("gone.1",), ("layer1.0",)))
+    report = optimize_module._run(model, None, Options("fast", plan), install=True)
+    missing = [n for n in report.notes if "not found" in n]
+    assert missing == ["regions not recomputed, not found in this graph: gone.0, gone.1"], report.notes
+    assert [n.target.name for n in _graph(model).nodes if isinstance(n.target, recompute.RegionCall)] == ["layer1.0"]
+
+
 def test_a_region_whose_values_a_later_call_keeps_as_pieces_drops_that_hint_and_stays_exact():
     """torchvision DenseNet: the transition after a dense block keeps the block's features as the
     pieces of its concatenated input (passes/cat_input.py); recomputing the block as a region must
