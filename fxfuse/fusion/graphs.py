@@ -1,12 +1,20 @@
-"""Two graph helpers every later step uses: a graph compiled into a function of the live
-module (tracing's result, the recompute regions, the model's own checkpoint regions), and a
-copy of some of a graph's nodes as a graph of their own."""
+"""Graph helpers every later step uses: a graph compiled into a function of the live module
+(tracing's result, the recompute regions, the model's own checkpoint regions), a copy of some
+of a graph's nodes as a graph of their own, and the metadata a node put in another's place keeps."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch.fx as fx
+
+# Where a node came from: the module stack regions and reports read, and the source line.
+PROVENANCE = ("nn_module_stack", "stack_trace")
+
+
+def provenance(node: fx.Node, *extra: str) -> dict:
+    """The metadata a node put in `node`'s place carries over: PROVENANCE, and `extra` keys."""
+    return {k: v for k, v in node.meta.items() if k in PROVENANCE or k in extra}
 
 
 def compile_graph(graph: fx.Graph):

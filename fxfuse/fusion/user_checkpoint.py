@@ -34,7 +34,7 @@ import torch.fx as fx
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 
-from .graphs import compile_graph, subgraph
+from .graphs import compile_graph, provenance, subgraph
 
 KEY = "fxfuse_user_checkpoint"  # node.meta: index of the innermost user checkpoint region the node was traced in
 WINS = (
@@ -255,7 +255,7 @@ def _extract_one(graph, name, members, user_args, spec) -> CheckpointCall:
         if len(outputs) > 1:
             results = [graph.call_function(operator.getitem, (new, i)) for i in range(len(outputs))]
     for output, result in zip(outputs, results):
-        result.meta.update({k: v for k, v in output.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        result.meta.update(provenance(output))
         output.replace_all_uses_with(result, delete_user_cb=lambda user: user not in inside)
     for node in reversed(members):
         graph.erase_node(node)

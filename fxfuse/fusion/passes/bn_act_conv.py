@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch import nn
 
 from .. import runtime, user_checkpoint
+from ..graphs import provenance
 from ..known_modules import is_conv2d_same
 from . import estimates
 from .context import PassContext
@@ -80,9 +81,7 @@ def run(ctx: PassContext) -> int:
         new = _merge(ctx, node, user)
         if new is None:
             continue
-        new.meta.update(
-            {k: v for k, v in user.meta.items() if k in ("nn_module_stack", "stack_trace", user_checkpoint.KEY)}
-        )
+        new.meta.update(provenance(user, user_checkpoint.KEY))
         if user in ctx.shapes:
             ctx.shapes[new] = ctx.shapes[user]
         if SITE in user.meta:

@@ -6,6 +6,7 @@ from typing import Callable, Sequence
 
 import torch.fx as fx
 
+from ..graphs import provenance
 from ..user_checkpoint import KEY
 
 
@@ -21,7 +22,7 @@ def replace_chain(
     last = chain[-1]
     with graph.inserting_before(last):
         new = build()
-    new.meta.update({k: v for k, v in last.meta.items() if k in ("nn_module_stack", "stack_trace", KEY)})
+    new.meta.update(provenance(last, KEY))
     for node in (last, *also_replace):
         node.replace_all_uses_with(new)
     for node in reversed(chain):

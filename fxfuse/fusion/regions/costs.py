@@ -106,11 +106,11 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
         internal = {k for k, nodes in recorder.savers.items() if nodes <= inside}
         kept = {k for n in region.inputs for k in recorder.outputs.get(n, ()) if k not in exclude}
         freed = _bytes(internal - kept) - _bytes(kept - saved_anywhere)
-        # A last conv the recompute stops before (region_graph.tail_conv) is not run again.
-        ran = region.nodes[:-1] if region_graph.tail_conv(region.nodes[-1], modules) else region.nodes
-        flops = sum(recorder.flops.get(n, 0) for n in ran)
-        costs.append(RegionCost(region.name, region.kind, region.modules, flops, freed, region.parent))
         whole[region.name] = sum(recorder.flops.get(n, 0) for n in region.nodes)
+        # A last conv the recompute stops before (region_graph.tail_conv) is not run again.
+        tail = recorder.flops.get(region.nodes[-1], 0) if region_graph.tail_conv(region.nodes[-1], modules) else 0
+        flops = whole[region.name] - tail
+        costs.append(RegionCost(region.name, region.kind, region.modules, flops, freed, region.parent))
     by_name = {r.name: r for r in found}
     links = []
     outer = [c for c in costs if not c.parent]

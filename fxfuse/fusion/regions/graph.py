@@ -34,7 +34,7 @@ import torch.fx as fx
 from torch import nn
 
 from .. import runtime, user_checkpoint
-from ..graphs import compile_graph, subgraph
+from ..graphs import compile_graph, provenance, subgraph
 from ..hooks import describe_hooks, has_hooks
 from ..passes.inplace_add import plain_batch_norm
 from . import recompute
@@ -265,7 +265,7 @@ def split_tail(graph: fx.Graph, nodes: list[fx.Node], modules: dict[str, nn.Modu
         pointwise = graph.call_function(runtime.bn_act_module, (y, bn, act, act_param), dict(last.kwargs))
         conv = graph.call_module(target, (pointwise,))
     for new in (pointwise, conv):
-        new.meta.update({k: v for k, v in last.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        new.meta.update(provenance(last))
     last.replace_all_uses_with(conv)
     graph.erase_node(last)
     return [*nodes[:-1], pointwise, conv]
@@ -297,7 +297,7 @@ def extract(graph: fx.Graph, name: str, nodes: list[fx.Node], module_paths: Sequ
     with graph.inserting_before(nodes[0]):
         parts = tuple(graph.get_attr(c) for c in components)
         new = graph.call_function(call, (parts, *inputs))
-    new.meta.update({k: v for k, v in output.meta.items() if k in ("nn_module_stack", "stack_trace")})
+    new.meta.update(provenance(output))
     inside = set(nodes)
     output.replace_all_uses_with(new, delete_user_cb=lambda user: user not in inside)
     for node in reversed(nodes):

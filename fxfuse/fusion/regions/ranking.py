@@ -108,9 +108,9 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
     for e in entries:
         if isinstance(e, Candidate) and any(site_in_region(e.site.names, r) for r in regions_so_far):
             continue
-        if isinstance(e, RegionCandidate) and e.kind == "region" and e.cost.parent in {r.name for r in regions_so_far}:
-            continue  # an inner region after its block: the block recomputes it already
         if isinstance(e, RegionCandidate) and e.kind == "region":
+            if any(r.name == e.cost.parent for r in regions_so_far):
+                continue  # an inner region after its block: the block recomputes it already
             regions_so_far.append(e.cost)
         ranked.append(e)
     return ranked
