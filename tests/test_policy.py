@@ -82,7 +82,8 @@ def test_tighter_budget_never_saves_less(resnet_budgets):
     assert saved == sorted(saved, reverse=True)
     chosen = [{r.name for r in report.regions} for *_, report in results]
     for looser, tighter in zip(chosen, chosen[1:]):
-        assert looser <= tighter
+        # still recomputed, or inside a region the tighter budget recomputes (layer1.0.downsample in layer1.0)
+        assert all(name in tighter or any(name.startswith(t + ".") for t in tighter) for name in looser)
 
 
 @pytest.fixture(scope="module")

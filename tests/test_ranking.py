@@ -86,3 +86,21 @@ def test_an_inner_region_gives_way_to_its_block(unweighted):
     order = [r.name for r in profile.regions]
     assert ranking.select(ranked[:1], [], order).groups == (("a.l1",),)
     assert ranking.select(ranked[:2], [], order).groups == (("a",),)
+
+
+def test_nested_inner_regions_give_way_to_any_region_around_them(unweighted):
+    """Inner regions nest (VoVNet's `conv_mid.0` in `conv_mid` in the block): the outermost chosen one is
+    recomputed, and one ranked after any region around it is dropped."""
+    nested = [
+        RegionCost("a.mid.0", "block", ("a.mid.0.conv",), flops=100, freed_bytes=100, parent="a.mid"),  # 1 FLOP/B
+        RegionCost("a.mid", "block", ("a.mid.0.conv", "a.mid.1.conv"), flops=400, freed_bytes=200, parent="a"),
+        RegionCost("a.mid.1", "block", ("a.mid.1.conv",), flops=3000, freed_bytes=100, parent="a.mid"),  # 30 FLOP/B
+    ]
+    profile = _profile()
+    profile.regions += nested
+    ranked = ranking.rank([], profile)
+    assert [e.name for e in ranked] == ["a.mid.0", "a.mid", "a", "b", "a→b"]  # a.mid.1 after a.mid: dropped
+    order = [r.name for r in profile.regions]
+    assert ranking.select(ranked[:2], [], order).groups == (("a.mid",),)
+    assert ranking.select(ranked[:3], [], order).groups == (("a",),)
+    assert not ranking.encloses(nested[0], nested[1]) and ranking.encloses(profile.regions[0], nested[0])

@@ -54,7 +54,10 @@ def _dropout_net():
 def test_finds_blocks_and_the_runs_between_them():
     model = _resnet18()
     found = regions.find(tracing.trace(model).graph, model)
-    assert [r.name for r in found] == RESNET18_REGIONS
+    assert [r.name for r in found if not r.parent] == RESNET18_REGIONS
+    assert [(r.name, r.parent) for r in found if r.parent] == [
+        (f"layer{i}.0.downsample", f"layer{i}.0") for i in (2, 3, 4)
+    ]
     assert all(r.problem is None for r in found)
     block = next(r for r in found if r.name == "layer2.0")
     assert block.kind == "block" and [n.name for n in block.inputs] == ["layer1_1_relu_1"]
@@ -259,7 +262,8 @@ def test_a_model_without_container_items_has_its_children_as_blocks():
     assert saved[0] < saved[1]
     assert_equivalent(model, recomputing, x, dtype=torch.float64)
     # Models with container items keep their blocks: their other children stay runs.
-    assert [r.name for r in regions.find(tracing.trace(_resnet18()).graph, _resnet18())] == RESNET18_REGIONS
+    outer = [r.name for r in regions.find(tracing.trace(_resnet18()).graph, _resnet18()) if not r.parent]
+    assert outer == RESNET18_REGIONS
 
 
 def _dense_net():
@@ -295,6 +299,79 @@ def test_a_budget_recomputes_dense_layers_exactly_with_second_order_gradients():
     optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.25)
     chosen = [r.name for r in optimized.fxfuse_report.regions]
     assert any(".denselayer" in name for name in chosen), optimized.fxfuse_report
+    assert_equivalent(model, optimized, x, dtype=torch.float64, steps=2)
+    inputs = x.clone().requires_grad_()
+    second = []
+    for m in (model, optimized):
+        (g,) = torch.autograd.grad(m(inputs).square().sum(), inputs, create_graph=True)
+        second.append(torch.autograd.grad(g.square().sum(), inputs)[0])
+    torch.testing.assert_close(second[1], second[0], rtol=1e-9, atol=1e-12)
+
+
+class SeparableConv(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+        self.pw, self.bn = nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.pw(self.dw(x))))
+
+
+class Aggregation(nn.Module):
+    """VoVNet's one-shot aggregation: layers whose outputs are all concatenated, then a 1x1 conv."""
+
+    def __init__(self, c=4, layers=2):
+        super().__init__()
+        self.mid = nn.ModuleList(SeparableConv(c) for _ in range(layers))
+        self.concat, self.bn = nn.Conv2d(c * (layers + 1), c, 1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        outs = [x]
+        for layer in self.mid:
+            x = layer(x)
+            outs.append(x)
+        return torch.relu(self.bn(self.concat(torch.cat(outs, 1))))
+
+
+def _aggregating_net(c=4):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, c, 3, padding=1), Aggregation(c), Aggregation(c), nn.Flatten(), nn.LazyLinear(3))
+
+
+def test_modules_inside_a_block_are_inner_regions_at_any_depth():
+    """Before, only inner regions ending in a conv were offered (DenseNet's layers): VoVNet's separable
+    layers were not, and a budget below mode="memory" went straight to whole blocks."""
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    model = _aggregating_net().double()
+    model(x)
+    plain = _recomputing(copy.deepcopy(model), [])
+    found = {r.name: r for r in regions.find(_graph(plain), plain)}
+    layers = [f"{b}.mid.{i}" for b in (1, 2) for i in (0, 1)]
+    assert {name: found[name].parent for name in layers} == {name: name.split(".")[0] for name in layers}
+    assert all(not r.parent or r.name in layers for r in found.values())  # one-node modules are not regions
+    recomputing = _recomputing(copy.deepcopy(model), [(name,) for name in layers])
+    calls = [n.target.name for n in _graph(recomputing).nodes if isinstance(n.target, recompute.RegionCall)]
+    assert calls == layers
+    saved = [measure.saved_activation_bytes(m, (x,)) for m in (recomputing, plain)]
+    assert saved[0] < saved[1]
+    fresh = _recomputing(copy.deepcopy(model), [(name,) for name in layers])
+    assert_equivalent(model, fresh, x, dtype=torch.float64, steps=2)
+
+
+def test_a_budget_recomputes_inner_regions_without_a_tail_conv_exactly_with_second_order_gradients():
+    import fxfuse
+
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    model = _aggregating_net(c=16).double()
+    model(x)
+    for budget in (0.5, 0.35, 0.25):
+        report = fxfuse.explain(copy.deepcopy(model), x, memory_budget=budget)
+        chosen = [r.name for r in report.regions]
+        # A block chosen after its layers replaces them, and the report lists what is recomputed.
+        assert not [(a, b) for a in chosen for b in chosen if b.startswith(a + ".")], report
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.45)
+    assert any(".mid." in r.name for r in optimized.fxfuse_report.regions), optimized.fxfuse_report
     assert_equivalent(model, optimized, x, dtype=torch.float64, steps=2)
     inputs = x.clone().requires_grad_()
     second = []

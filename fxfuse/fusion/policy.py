@@ -532,7 +532,11 @@ def choice_of(decision: Decision) -> Choice:
     """What the report says about `decision`, as data (report.render words it)."""
     limit = _limit(decision)
     in_effect = decision.selection.upgrades if decision.selection else decision.chosen
-    regions = [e.cost for e in decision.chosen if isinstance(e, RegionCandidate) and e.kind == "region"]
+    # An inner region a region around it replaced (ranking.select) is not recomputed on its own.
+    recomputed = [e for e in decision.chosen if isinstance(e, RegionCandidate)]
+    if decision.selection is not None:
+        recomputed = [e for e in recomputed if e in decision.selection.regions or e in decision.selection.links]
+    regions = [e.cost for e in recomputed if e.kind == "region"]
     shares_layers = {p.names for c in decision.rejected if isinstance(c, Candidate) for p in c.fallback}
     return Choice(
         decision.policy,
@@ -541,9 +545,7 @@ def choice_of(decision: Decision) -> Choice:
         upgrades={c.site.names: c.flops_per_byte for c in in_effect if isinstance(c, Candidate)},
         recomputed_regions=regions,
         pointwise_only=frozenset(shares_layers & set(decision.fallback_names)),
-        regions=[
-            _region_choice(e, limit, decision.flat_links) for e in decision.chosen if isinstance(e, RegionCandidate)
-        ],
+        regions=[_region_choice(e, limit, decision.flat_links) for e in recomputed],
         idle=list(decision.idle),
         rejected=[_rejected(e) for e in decision.rejected],
         budget=decision.budget,

@@ -6,7 +6,7 @@ runs (FlopCounterMode) and the storages autograd saves while it runs (the same u
 storages `fxfuse.measure` counts). A region frees the storages saved only by its own
 nodes, less what it keeps: its inputs, where nothing else keeps them already.
 
-An inner region whose last conv is not run again (regions/graph.py) counts its FLOPs without it.
+A region whose last conv is not run again (regions/graph.py `tail_conv`) counts its FLOPs without it.
 
 A *link* joins two consecutive regions into a chain: the second no longer keeps its
 input (the first one's output), which backward rebuilds by running the first again.

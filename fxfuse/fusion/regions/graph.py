@@ -51,7 +51,7 @@ class Region:
     output: Optional[fx.Node] = None
     modules: tuple[str, ...] = ()  # module paths it uses, in first-use order
     problem: Optional[str] = None  # why it cannot be recomputed as one region
-    parent: str = ""  # an inner region: the block it lies in (one or the other is recomputed, not both)
+    parent: str = ""  # an inner region: the region it lies in (one or the other is recomputed, not both)
 
 
 def _traced_through(graph: fx.Graph) -> set[str]:
@@ -84,20 +84,6 @@ def _block_of(node: fx.Node, modules: dict[str, nn.Module], traced: set[str], st
     return None
 
 
-def _inner_block_of(
-    node: fx.Node, modules: dict[str, nn.Module], traced: set[str], outer: Optional[str]
-) -> Optional[str]:
-    """The innermost block inside `outer` the node was traced inside (DenseNet's `denseblock1.denselayer3`
-    in `denseblock1`), or None."""
-    if outer is None:
-        return None
-    inner = None
-    for path, _ in node.meta.get("nn_module_stack", {}).values():
-        if path.startswith(outer + ".") and _is_block(path, modules, traced):
-            inner = path
-    return inner
-
-
 def _members(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
 
@@ -111,8 +97,8 @@ def _with_users_keys(members: list[fx.Node], keys: dict[fx.Node, Optional[str]])
     return keys
 
 
-def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[dict, dict]:
-    """Each member node's block and inner block (None: not in one)."""
+def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[fx.Node, Optional[str]]:
+    """Each member node's block (None: not in one)."""
     members = _members(graph)
     traced = _traced_through(graph)
     stacked = [n for n in members if "nn_module_stack" in n.meta]
@@ -121,8 +107,25 @@ def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[dict, dict]:
         # A model without container items (DLA's `level0`…`level5` are attributes of the root) would be
         # one run: its blocks are then the root's children it was traced through.
         keys = {n: _block_of(n, modules, traced, True) for n in stacked}
-    inner = {n: _inner_block_of(n, modules, traced, keys[n]) for n in stacked}
-    return _with_users_keys(members, keys), _with_users_keys(members, inner)
+    return _with_users_keys(members, keys)
+
+
+def _inner_paths(members: list[fx.Node], keys: dict[fx.Node, Optional[str]], traced: set[str]) -> dict[str, list]:
+    """Every module traced through inside a block, with the member nodes traced inside it, in graph order."""
+    stacks: dict[fx.Node, Optional[list[str]]] = {}
+    for node in reversed(members):  # nodes the passes added without a stack go with their first user
+        if "nn_module_stack" in node.meta:
+            stacks[node] = [path for path, _ in node.meta["nn_module_stack"].values()]
+        else:
+            users = [u for u in node.users if stacks.get(u) is not None]
+            stacks[node] = stacks[users[0]] if users else None
+    paths: dict[str, list] = {}
+    for node in members:
+        block = keys.get(node)
+        for path in stacks[node] or ():
+            if block and path.startswith(block + ".") and path in traced:
+                paths.setdefault(path, []).append(node)
+    return paths
 
 
 def _touched_modules(nodes: Sequence[fx.Node], graph_modules: dict[str, nn.Module]) -> tuple[str, ...]:
@@ -204,10 +207,11 @@ def _runs(members: list[fx.Node], keys: dict[fx.Node, Optional[str]]) -> list[tu
 
 def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
     """Every block and run of `graph`, in graph order (with a problem where one cannot be a region);
-    then the *inner* blocks of those blocks whose recompute stops before their last conv (`tail_conv`):
-    DenseNet's layers inside a dense block. Other inner blocks are not offered (docs/memory_budgets.md)."""
+    then the *inner* regions: each module traced through inside a block whose nodes are consecutive,
+    at least two, and not the same as an enclosing region's (DenseNet's `denseblock1.denselayer3`,
+    VoVNet's `stages.0.blocks.0.conv_mid.1`), where it can be one."""
     modules = dict(root.named_modules())
-    keys, inner_keys = _keys(graph, modules)
+    keys = _keys(graph, modules)
     members = _members(graph)
     regions, seen = [], {}
     for key, nodes in _runs(members, keys):
@@ -220,16 +224,16 @@ def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
         else:
             seen[key] = _region(key, "block", nodes, modules)
             regions.append(seen[key])
-    inner, interleaved = {}, set()
-    for key, nodes in _runs(members, inner_keys):
-        if key is None:
-            continue
-        if key in inner:
-            interleaved.add(key)
-        else:
-            inner[key] = _region(key, "block", nodes, modules, parent=keys[nodes[0]])
-    for key, region in inner.items():
-        if key not in interleaved and region.problem is None and tail_conv(region.nodes[-1], modules) is not None:
+    position = {n: i for i, n in enumerate(members)}
+    spans = {block: (position[r.nodes[0]], len(r.nodes)) for block, r in seen.items()}
+    for path, nodes in sorted(_inner_paths(members, keys, _traced_through(graph)).items()):
+        span = (position[nodes[0]], len(nodes))
+        if len(nodes) < 2 or position[nodes[-1]] - span[0] + 1 != len(nodes) or span in spans.values():
+            continue  # one node, interleaved with others, or the same nodes as an enclosing region
+        parent = max((p for p in spans if path.startswith(p + ".")), key=len)
+        region = _region(path, "block", nodes, modules, parent=parent)
+        if region.problem is None:
+            spans[path] = span
             regions.append(region)
     return regions
 

@@ -7,8 +7,8 @@ Three kinds of entries, all costed in recompute FLOPs per byte freed:
 * a *region*: a block or run (regions/graph.py) keeps only its inputs and runs its
   forward again in backward, its sites in pointwise form inside (a conv is recomputed
   once, by the region, never again by its site); worth what its nodes keep beyond that;
-* an *inner region* (DenseNet's layer inside a dense block) is a region too; its block,
-  where chosen later in the ranking, replaces it;
+* an *inner region* (a module inside a block: DenseNet's layer inside a dense block) is a
+  region too; a region around it, where chosen later in the ranking, replaces it;
 * a *link*: two consecutive chosen regions become one chain, so the second no longer
   keeps its input; costs running the first again.
 
@@ -72,6 +72,11 @@ class RegionCandidate:
 Entry = Union[Candidate, RegionCandidate]
 
 
+def encloses(outer: RegionCost, inner: RegionCost) -> bool:
+    """Whether `inner` is an inner region of `outer`, at any depth (an inner region is named by its module path)."""
+    return bool(inner.parent) and inner.name.startswith(outer.name + ".")
+
+
 # A FLOP recomputed by a region costs more time than one recomputed inside a fused site: the
 # region's forward runs again op by op under checkpoint, allocating and recording every
 # intermediate, while a site recomputes one conv into a buffer its backward then overwrites.
@@ -109,8 +114,8 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
         if isinstance(e, Candidate) and any(site_in_region(e.site.names, r) for r in regions_so_far):
             continue
         if isinstance(e, RegionCandidate) and e.kind == "region":
-            if any(r.name == e.cost.parent for r in regions_so_far):
-                continue  # an inner region after its block: the block recomputes it already
+            if any(encloses(r, e.cost) for r in regions_so_far):
+                continue  # an inner region after one around it: that one recomputes it already
             regions_so_far.append(e.cost)
         ranked.append(e)
     return ranked
@@ -143,8 +148,7 @@ def _groups(regions: list[RegionCandidate], links: list[RegionCandidate], order:
 
 def select(prefix: list[Entry], pointwise: list[SiteData], region_order: list[str]) -> Selection:
     regions = [e for e in prefix if isinstance(e, RegionCandidate) and e.kind == "region"]
-    outer = {r.cost.name for r in regions}
-    regions = [r for r in regions if r.cost.parent not in outer]  # a block replaces its inner regions
+    regions = [r for r in regions if not any(encloses(o.cost, r.cost) for o in regions)]  # the outermost ones
     links = [e for e in prefix if isinstance(e, RegionCandidate) and e.kind == "link"]
     upgrades = [
         e for e in prefix if isinstance(e, Candidate) and not any(site_in_region(e.site.names, r.cost) for r in regions)
