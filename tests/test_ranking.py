@@ -13,10 +13,14 @@ def _upgrade(conv, bn, ratio, marginal=100):
     return ranking.Candidate(site, [pointwise], marginal, ratio), pointwise
 
 
+def _nodes(prefix, n, start=0):
+    return frozenset(f"{prefix}_{i}" for i in range(start, start + n))
+
+
 def _profile():
     regions = [
-        RegionCost("a", "block", ("a.conv1", "a.bn1"), flops=1000, freed_bytes=100),  # 10 FLOP/B
-        RegionCost("b", "block", ("b.conv1", "b.bn1"), flops=4000, freed_bytes=100),  # 40 FLOP/B
+        RegionCost("a", "block", ("a.conv1", "a.bn1"), flops=1000, freed_bytes=100, nodes=_nodes("a", 4)),  # 10 FLOP/B
+        RegionCost("b", "block", ("b.conv1", "b.bn1"), flops=4000, freed_bytes=100, nodes=_nodes("b", 4)),  # 40 FLOP/B
     ]
     return Profile(regions, [LinkCost("a", "b", flops=1000, freed_bytes=200)], {})  # 5 FLOP/B
 
@@ -76,8 +80,8 @@ def test_an_inner_region_gives_way_to_its_block(unweighted):
     """DenseNet's layers are regions inside their dense block's: a block chosen later replaces them, and one
     ranked before them makes them idle (dropped)."""
     inner = [
-        RegionCost("a.l1", "block", ("a.l1.conv",), flops=100, freed_bytes=100, parent="a"),  # 1 FLOP/B
-        RegionCost("a.l2", "block", ("a.l2.conv",), flops=2000, freed_bytes=100, parent="a"),  # 20 FLOP/B
+        RegionCost("a.l1", "block", ("a.l1.conv",), 100, 100, "a", _nodes("a", 2)),  # 1 FLOP/B
+        RegionCost("a.l2", "block", ("a.l2.conv",), 2000, 100, "a", _nodes("a", 2, 2)),  # 20 FLOP/B
     ]
     profile = _profile()
     profile.regions += inner
@@ -92,9 +96,9 @@ def test_nested_inner_regions_give_way_to_any_region_around_them(unweighted):
     """Inner regions nest (VoVNet's `conv_mid.0` in `conv_mid` in the block): the outermost chosen one is
     recomputed, and one ranked after any region around it is dropped."""
     nested = [
-        RegionCost("a.mid.0", "block", ("a.mid.0.conv",), flops=100, freed_bytes=100, parent="a.mid"),  # 1 FLOP/B
-        RegionCost("a.mid", "block", ("a.mid.0.conv", "a.mid.1.conv"), flops=400, freed_bytes=200, parent="a"),
-        RegionCost("a.mid.1", "block", ("a.mid.1.conv",), flops=3000, freed_bytes=100, parent="a.mid"),  # 30 FLOP/B
+        RegionCost("a.mid.0", "block", ("a.mid.0.conv",), 100, 100, "a.mid", _nodes("a", 1)),  # 1 FLOP/B
+        RegionCost("a.mid", "block", ("a.mid.0.conv", "a.mid.1.conv"), 400, 200, "a", _nodes("a", 2)),
+        RegionCost("a.mid.1", "block", ("a.mid.1.conv",), 3000, 100, "a.mid", _nodes("a", 1, 1)),  # 30 FLOP/B
     ]
     profile = _profile()
     profile.regions += nested
@@ -104,3 +108,12 @@ def test_nested_inner_regions_give_way_to_any_region_around_them(unweighted):
     assert ranking.select(ranked[:2], [], order).groups == (("a.mid",),)
     assert ranking.select(ranked[:3], [], order).groups == (("a",),)
     assert not ranking.encloses(nested[0], nested[1]) and ranking.encloses(profile.regions[0], nested[0])
+
+
+def test_a_region_across_the_edge_of_one_ranked_before_it_is_dropped(unweighted):
+    """A chain straddling two inner regions cannot be recomputed with either: the cheaper one per byte stays."""
+    chain = RegionCost("a.x…a.y", "chain", ("a.x", "a.y"), 0, 50, "a", _nodes("a", 2, 1))
+    inner = RegionCost("a.y", "block", ("a.y",), 500, 100, "a", _nodes("a", 2, 2))
+    profile = _profile()
+    profile.regions += [inner, chain]
+    assert [e.name for e in ranking.rank([], profile)] == ["a.x…a.y", "a", "b", "a→b"]

@@ -9,6 +9,7 @@ import torch
 import torchvision
 from torch import nn
 
+import fxfuse
 from fxfuse import measure
 from fxfuse.fusion import tracing
 from fxfuse.fusion.plan import Options, Plan
@@ -55,9 +56,12 @@ def test_finds_blocks_and_the_runs_between_them():
     model = _resnet18()
     found = regions.find(tracing.trace(model).graph, model)
     assert [r.name for r in found if not r.parent] == RESNET18_REGIONS
-    assert [(r.name, r.parent) for r in found if r.parent] == [
+    assert [(r.name, r.parent) for r in found if r.parent and r.kind == "block"] == [
         (f"layer{i}.0.downsample", f"layer{i}.0") for i in (2, 3, 4)
     ]
+    chains = [r for r in found if r.kind == "chain"]
+    assert all(2 <= len(r.nodes) <= regions.CHAIN_NODES and r.output is r.nodes[-1] for r in chains)
+    assert "layer1.0.bn2…layer1.0.relu" in {r.name for r in chains}  # BN, the residual add and its ReLU
     assert all(r.problem is None for r in found)
     block = next(r for r in found if r.name == "layer2.0")
     assert block.kind == "block" and [n.name for n in block.inputs] == ["layer1_1_relu_1"]
@@ -247,7 +251,7 @@ def test_a_model_without_container_items_has_its_children_as_blocks():
     torch.manual_seed(0)
     model = Stages().double()
     found = regions.find(tracing.trace(model).graph, model)
-    assert [(r.name, r.kind) for r in found] == [
+    assert [(r.name, r.kind) for r in found if r.kind != "chain"] == [
         ("stem", "block"),
         ("stage1", "block"),
         ("stage2", "block"),
@@ -349,7 +353,8 @@ def test_modules_inside_a_block_are_inner_regions_at_any_depth():
     found = {r.name: r for r in regions.find(_graph(plain), plain)}
     layers = [f"{b}.mid.{i}" for b in (1, 2) for i in (0, 1)]
     assert {name: found[name].parent for name in layers} == {name: name.split(".")[0] for name in layers}
-    assert all(not r.parent or r.name in layers for r in found.values())  # one-node modules are not regions
+    inner = [r.name for r in found.values() if r.parent and r.kind == "block"]
+    assert inner == layers  # one-node modules are not regions
     recomputing = _recomputing(copy.deepcopy(model), [(name,) for name in layers])
     calls = [n.target.name for n in _graph(recomputing).nodes if isinstance(n.target, recompute.RegionCall)]
     assert calls == layers
@@ -379,3 +384,34 @@ def test_a_budget_recomputes_inner_regions_without_a_tail_conv_exactly_with_seco
         (g,) = torch.autograd.grad(m(inputs).square().sum(), inputs, create_graph=True)
         second.append(torch.autograd.grad(g.square().sum(), inputs)[0])
     torch.testing.assert_close(second[1], second[0], rtol=1e-9, atol=1e-12)
+
+
+class InPlaceTail(nn.Module):
+    def __init__(self, c=4):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        z = y * 2
+        return self.act(y) + z  # the ReLU writes over y, which the multiply read
+
+
+def test_a_region_that_would_recompute_from_an_input_changed_in_place_is_refused():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), InPlaceTail(), nn.Flatten()).double()
+    graph = tracing.trace(model).graph
+    modules = dict(model.named_modules())
+    nodes = {n.name: n for n in graph.nodes}
+    bn, mul, act, add = nodes["_1_bn"], nodes["mul"], nodes["_1_act"], nodes["add"]
+    # the multiply alone reads y, which the ReLU after it overwrites; the ReLU and add overwrite their input
+    for members, why in (([mul], "_1_act, after it, writes into its input"), ([mul, act, add], "_1_act writes into")):
+        problem = regions._region("r", "chain", members, modules).problem
+        assert problem is not None and why in problem, problem
+    assert regions._region("r", "chain", [bn, mul, act, add], modules).problem is None
+    assert all(r.problem is None for r in regions.find(graph, model))  # the unsafe runs are not offered
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    for budget in (0.8, 0.5, 0.2):
+        optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=budget)
+        assert_equivalent(model, optimized, x, dtype=torch.float64)

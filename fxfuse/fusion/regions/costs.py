@@ -6,6 +6,7 @@ runs (FlopCounterMode) and the storages autograd saves while it runs (the same u
 storages `fxfuse.measure` counts). A region frees the storages saved only by its own
 nodes, less what it keeps: its inputs, where nothing else keeps them already.
 
+A *chain* is kept as a candidate only where it costs next to nothing (CHAIN_FLOPS_PER_BYTE).
 A region whose last conv is not run again (regions/graph.py `tail_conv`) counts its FLOPs without it.
 
 A *link* joins two consecutive regions into a chain: the second no longer keeps its
@@ -26,6 +27,14 @@ from ...measure.memory import storage_key, tensors
 from . import graph as region_graph
 
 
+# A chain (regions/graph.py) is a candidate when recomputing it costs at most this many FLOPs per byte
+# it frees (pointwise ops count none; a squeeze-excite gate's 1x1 convs on pooled values 10 FLOP/B at
+# VoVNet's last stage, a 1x1 conv on 64 channels 32), and frees at least CHAIN_MIN_SHARE of what the
+# whole graph saves: thousands of chains free a few KiB (a gate's pooled values), and would fill the report.
+CHAIN_FLOPS_PER_BYTE = 16.0
+CHAIN_MIN_SHARE = 0.002
+
+
 @dataclass
 class RegionCost:
     name: str
@@ -33,7 +42,8 @@ class RegionCost:
     modules: tuple[str, ...]
     flops: int  # one forward of the region: the recompute
     freed_bytes: int  # saved for backward without it, less what it keeps (its inputs)
-    parent: str = ""  # an inner region: the block it lies in (regions/graph.py)
+    parent: str = ""  # an inner region or a chain: the region it lies in (regions/graph.py)
+    nodes: frozenset = frozenset()  # its nodes' names in the profiled graph: which regions contain which
 
 
 @dataclass
@@ -94,6 +104,7 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
     modules = dict(module.named_modules())
     everything = sum(len(r.nodes) for r in found if not r.parent)
     saved_anywhere = set(recorder.savers)
+    minimum = CHAIN_MIN_SHARE * _bytes(saved_anywhere)
     costs, problems = [], {}
     whole: dict[str, int] = {}  # a region's forward, its last conv included: what a link runs again
     for region in found:
@@ -110,7 +121,10 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
         # A last conv the recompute stops before (region_graph.tail_conv) is not run again.
         tail = recorder.flops.get(region.nodes[-1], 0) if region_graph.tail_conv(region.nodes[-1], modules) else 0
         flops = whole[region.name] - tail
-        costs.append(RegionCost(region.name, region.kind, region.modules, flops, freed, region.parent))
+        if region.kind == "chain" and not (minimum < freed and flops <= CHAIN_FLOPS_PER_BYTE * freed):
+            continue  # a chain is offered for what costs almost nothing
+        nodes = frozenset(n.name for n in region.nodes)
+        costs.append(RegionCost(region.name, region.kind, region.modules, flops, freed, region.parent, nodes))
     by_name = {r.name: r for r in found}
     links = []
     outer = [c for c in costs if not c.parent]
@@ -135,7 +149,10 @@ def joined(parts: list[tuple[str, Profile]]) -> Profile:
         for r in part.regions:
             modules = tuple(_joined_name(path, m) if m else path for m in r.modules)
             parent = _joined_name(path, r.parent) if r.parent else ""
-            regions.append(RegionCost(_joined_name(path, r.name), r.kind, modules, r.flops, r.freed_bytes, parent))
+            nodes = frozenset(f"{path}/{n}" for n in r.nodes)
+            regions.append(
+                RegionCost(_joined_name(path, r.name), r.kind, modules, r.flops, r.freed_bytes, parent, nodes)
+            )
         for link in part.links:
             first, second = _joined_name(path, link.first), _joined_name(path, link.second)
             links.append(LinkCost(first, second, link.flops, link.freed_bytes))

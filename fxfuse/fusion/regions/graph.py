@@ -27,6 +27,7 @@ allow: fusion/policy.py).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -45,7 +46,7 @@ _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 @dataclass
 class Region:
     name: str
-    kind: str  # "block" or "run"
+    kind: str  # "block", "run" or "chain"
     nodes: list[fx.Node]  # in graph order; get_attr nodes are not members (each region reads its own)
     inputs: list[fx.Node] = field(default_factory=list)
     output: Optional[fx.Node] = None
@@ -176,12 +177,59 @@ def _boundary(nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
     return list(inputs), outputs
 
 
+_IN_PLACE = (operator.iadd, operator.isub, operator.imul, operator.itruediv, runtime.add_into)
+
+
+def _writes_into(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[fx.Node]:
+    """The value `node` overwrites in place (its first argument), if it does: `x += y`, `x.relu_()`,
+    `F.relu(x, inplace=True)`, an `nn.ReLU(inplace=True)` call, fxfuse's add_into."""
+    first = node.args[0] if node.args else None
+    if not isinstance(first, fx.Node):
+        return None
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", "")
+        in_place = node.target in _IN_PLACE or node.kwargs.get("inplace") is True
+        return first if in_place or (name.endswith("_") and not name.startswith("_")) else None
+    if node.op == "call_method":
+        return first if node.target.endswith("_") and not node.target.startswith("_") else None
+    if node.op == "call_module":
+        return first if getattr(modules.get(str(node.target)), "inplace", False) is True else None
+    return None
+
+
+def _changes_an_input(nodes: list[fx.Node], inputs: list[fx.Node], modules: dict[str, nn.Module]) -> Optional[str]:
+    """Why the region's recompute would read an input other than its forward read, if it would: one of its
+    nodes writes into an input in place, or a node after it does (checkpoint keeps a reference, not a copy)."""
+    inside = set(nodes)
+    for node in nodes:
+        target = _writes_into(node, modules)
+        if target is not None and target not in inside:
+            return f"{node.name} writes into its input {target.name} in place"
+    for value in inputs:
+        for user in value.users:
+            if user not in inside and _writes_into(user, modules) is value and _after(user, nodes[-1]):
+                return f"{user.name}, after it, writes into its input {value.name} in place"
+    return None
+
+
+def _after(node: fx.Node, last: fx.Node) -> bool:
+    walk = last.next
+    while walk.op != "root":
+        if walk is node:
+            return True
+        walk = walk.next
+    return False
+
+
 def _region(name: str, kind: str, nodes: list[fx.Node], modules: dict[str, nn.Module], parent: str = "") -> Region:
     inputs, outputs = _boundary(nodes)
     region = Region(name, kind, nodes, inputs, outputs[0] if len(outputs) == 1 else None, parent=parent)
     region.modules = _touched_modules(nodes, modules)
     if len(outputs) != 1:
         region.problem = f"{len(outputs)} of its values are used after it (a region has one output)"
+    changed = _changes_an_input(nodes, inputs, modules)
+    if changed:
+        region.problem = f"{changed}, which its recompute would read changed"
     if any(isinstance(n.target, user_checkpoint.CheckpointCall) for n in nodes):
         region.problem = user_checkpoint.WINS
     # (the root's own parameters are read, the root is not called: its hooks do not run in a region)
@@ -235,7 +283,40 @@ def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
         if region.problem is None:
             spans[path] = span
             regions.append(region)
-    return regions
+    taken = {(r.nodes[0], len(r.nodes)) for r in regions}
+    return regions + _chains([r for r in regions if not r.parent], modules, {r.name for r in regions}, taken)
+
+
+# The most nodes a chain has: pointwise chains are short (BN→activation→a gate's four ops).
+CHAIN_NODES = 6
+
+
+def _chains(outer: list[Region], modules: dict[str, nn.Module], names: set[str], taken: set) -> list[Region]:
+    """*Chains*: each run of 2 to CHAIN_NODES consecutive nodes inside one block or run whose last node is
+    its one output, where no region has the same nodes: the candidates for recomputing what costs almost
+    nothing (BN→activation kept for a squeeze-excite gate's multiply, a residual add and its activation).
+    Which of them are worth it, the costs decide (regions/costs.py); a chain is named after the first and
+    last modules it uses, and the first chain of a name is the one."""
+    chains = []
+    for region in outer:
+        nodes = region.nodes
+        for i in range(len(nodes) - 1):
+            for j in range(i + 1, min(i + CHAIN_NODES, len(nodes) - (i == 0))):
+                run = nodes[i : j + 1]
+                _, outputs = _boundary(run)
+                if outputs != [run[-1]] or (run[0], len(run)) in taken:
+                    continue
+                touched = _touched_modules(run, modules)
+                if not touched:
+                    continue
+                name = f"{touched[0]}…{touched[-1]}"
+                if name in names:
+                    continue
+                names.add(name)
+                chain = _region(name, "chain", run, modules, parent=region.name)
+                if chain.problem is None:
+                    chains.append(chain)
+    return chains
 
 
 def tail_conv(node: fx.Node, modules: dict[str, nn.Module]) -> Optional[str]:

@@ -73,8 +73,13 @@ Entry = Union[Candidate, RegionCandidate]
 
 
 def encloses(outer: RegionCost, inner: RegionCost) -> bool:
-    """Whether `inner` is an inner region of `outer`, at any depth (an inner region is named by its module path)."""
-    return bool(inner.parent) and inner.name.startswith(outer.name + ".")
+    """Whether `inner` lies inside `outer` (an inner region or a chain, at any depth)."""
+    return inner.nodes < outer.nodes
+
+
+def _overlaps(a: RegionCost, b: RegionCost) -> bool:
+    """Whether `a` and `b` share nodes and neither contains the other: the two cannot both be recomputed."""
+    return bool(a.nodes & b.nodes) and not (a.nodes <= b.nodes or b.nodes <= a.nodes)
 
 
 # A FLOP recomputed by a region costs more time than one recomputed inside a fused site: the
@@ -114,8 +119,8 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
         if isinstance(e, Candidate) and any(site_in_region(e.site.names, r) for r in regions_so_far):
             continue
         if isinstance(e, RegionCandidate) and e.kind == "region":
-            if any(encloses(r, e.cost) for r in regions_so_far):
-                continue  # an inner region after one around it: that one recomputes it already
+            if any(encloses(r, e.cost) or _overlaps(r, e.cost) for r in regions_so_far):
+                continue  # inside a region before it (which recomputes it already), or across one's edge
             regions_so_far.append(e.cost)
         ranked.append(e)
     return ranked
