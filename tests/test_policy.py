@@ -84,16 +84,17 @@ def test_tighter_budget_never_saves_less(resnet_budgets):
     saved = [real for _, _, real, _ in results]
     assert saved == sorted(saved, reverse=True)
     chosen = [{r.name for r in report.regions} for *_, report in results]
+
+    def inside(name, tighter):
+        ends = name.split("…")
+        return name in tighter or any(
+            ends[0].startswith(t + ".") or set(ends) & set(t.split("…")) for t in tighter if "→" not in t
+        )
+
     for looser, tighter in zip(chosen, chosen[1:]):
         # still recomputed, or inside a region the tighter budget recomputes (layer1.0.downsample in layer1.0;
         # a chain, named after its first and last modules, in a block or a run: bn1…maxpool in conv1…maxpool)
-        def inside(name):
-            ends = name.split("…")
-            return name in tighter or any(
-                ends[0].startswith(t + ".") or set(ends) & set(t.split("…")) for t in tighter if "→" not in t
-            )
-
-        assert all(inside(name) for name in looser), (looser - tighter, tighter)
+        assert all(inside(name, tighter) for name in looser), (looser - tighter, tighter)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from ...measure.memory import storage_key, tensors
 from . import graph as region_graph
 
-
 # A chain (regions/graph.py) is a candidate when recomputing it costs at most this many FLOPs per byte
 # it frees (pointwise ops count none; a squeeze-excite gate's 1x1 convs on pooled values 10 FLOP/B at
 # VoVNet's last stage, a 1x1 conv on 64 channels 32), and frees at least CHAIN_MIN_SHARE of what the
