@@ -90,3 +90,31 @@ def test_a_dense_layer_is_an_inner_region_costed_without_its_last_conv():
     # It frees that conv's output (the BN→ReLU→3x3 conv's input) and the two batch norms' statistics.
     assert layer.freed_bytes == pixels * 8 * 4 + 2 * (12 + 8) * 4  # mean and inverse std
     assert not any(link.first.endswith("denselayer1") or link.second.endswith("denselayer2") for link in profile.links)
+
+
+class Gated(nn.Module):
+    """Conv→BN→ReLU, then a squeeze-excite gate: the multiply keeps the ReLU's output."""
+
+    def __init__(self, c=16):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.fc = nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return y * torch.sigmoid(self.fc(y.mean((2, 3), keepdim=True)))
+
+
+def test_a_chain_recomputes_what_costs_almost_nothing():
+    """BN→ReLU→gate as a chain: it keeps the BN input (kept anyway) and frees the ReLU output the multiply
+    kept, for the gate's 1x1 conv on pooled values; chains that cost more per byte are not offered."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), Gated(), Gated(), nn.Flatten())
+    profile = _profile(model, torch.randn(2, 3, 16, 16))
+    chains = {r.name: r for r in profile.regions if r.kind == "chain"}
+    gate = chains["1.bn…1.fc"]
+    assert gate.parent == "1" and gate.flops == 2 * 2 * 16 * 16  # the 1x1 conv on 2 pooled vectors
+    relu = 2 * 16 * 16 * 16 * 4
+    assert relu <= gate.freed_bytes < relu + 2 * 16 * 4 * 4  # and the gate and BN statistics
+    assert all(r.flops <= region_costs.CHAIN_FLOPS_PER_BYTE * r.freed_bytes for r in chains.values())
+    assert not any(r.name.startswith("1.conv") for r in chains.values())  # a 3x3 conv: 72 FLOP/B
