@@ -2,6 +2,7 @@
 
 import importlib
 
+import pytest
 import torch
 import torchvision
 from torch import nn
@@ -118,3 +119,17 @@ def test_a_chain_recomputes_what_costs_almost_nothing():
     assert relu <= gate.freed_bytes < relu + 2 * 16 * 4 * 4  # and the gate and BN statistics
     assert all(r.flops <= region_costs.CHAIN_FLOPS_PER_BYTE * r.freed_bytes for r in chains.values())
     assert not any(r.name.startswith("1.conv") for r in chains.values())  # a 3x3 conv: 72 FLOP/B
+
+
+def test_a_chain_reaches_across_a_bottleneck_tail():
+    """CSPResNet's bottleneck ends BN→LeakyReLU→1x1 conv→BN→add→LeakyReLU (8 nodes): one chain frees what the
+    two 0-FLOP chains inside it do and the 1x1 conv's output, for that conv (12.8 FLOP/B), where the inner
+    region `conv3` (conv→BN) overlapped those chains and was dropped."""
+    timm = pytest.importorskip("timm")
+    profile = _profile(timm.models.cspnet.cspresnet50(), torch.randn(2, 3, 64, 64))
+    chains = {r.name: r for r in profile.regions if r.kind == "chain"}
+    tail = chains["stages.0.blocks.0.conv2.bn…stages.0.blocks.0.act3"]
+    inside = [chains["stages.0.blocks.0.conv2.bn…stages.0.blocks.0.conv3.conv"]]
+    inside.append(chains["stages.0.blocks.0.conv3.bn…stages.0.blocks.0.act3"])
+    assert all(c.nodes < tail.nodes and c.flops == 0 for c in inside)
+    assert tail.freed_bytes > sum(c.freed_bytes for c in inside) and 0 < tail.flops

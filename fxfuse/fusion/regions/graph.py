@@ -287,8 +287,10 @@ def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
     return regions + _chains([r for r in regions if not r.parent], modules, {r.name for r in regions}, taken)
 
 
-# The most nodes a chain has: pointwise chains are short (BN→activation→a gate's four ops).
-CHAIN_NODES = 6
+# The most nodes a chain has: pointwise chains are short (BN→activation→a gate's four ops); 8 reaches
+# from one BN→activation to the activation after the next conv→BN→add (CSP's bottleneck tail), which
+# frees what the two shorter chains inside it do and that conv's output.
+CHAIN_NODES = 8
 
 
 def _chains(outer: list[Region], modules: dict[str, nn.Module], names: set[str], taken: set) -> list[Region]:
