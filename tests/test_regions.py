@@ -295,6 +295,17 @@ def test_dense_layers_are_inner_regions_whose_recompute_stops_before_their_last_
     assert_equivalent(_dense_net(), fresh, x, dtype=torch.float64, steps=2)
 
 
+def _assert_exact_to_second_order(model, optimized, x):
+    """Two SGD steps and eval, then the input's second-order gradient, all in float64."""
+    assert_equivalent(model, optimized, x, dtype=torch.float64, steps=2)
+    inputs = x.clone().requires_grad_()
+    second = []
+    for m in (model, optimized):
+        (g,) = torch.autograd.grad(m(inputs).square().sum(), inputs, create_graph=True)
+        second.append(torch.autograd.grad(g.square().sum(), inputs)[0])
+    torch.testing.assert_close(second[1], second[0], rtol=1e-9, atol=1e-12)
+
+
 def test_a_budget_recomputes_dense_layers_exactly_with_second_order_gradients():
     import fxfuse
 
@@ -303,13 +314,7 @@ def test_a_budget_recomputes_dense_layers_exactly_with_second_order_gradients():
     optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.25)
     chosen = [r.name for r in optimized.fxfuse_report.regions]
     assert any(".denselayer" in name for name in chosen), optimized.fxfuse_report
-    assert_equivalent(model, optimized, x, dtype=torch.float64, steps=2)
-    inputs = x.clone().requires_grad_()
-    second = []
-    for m in (model, optimized):
-        (g,) = torch.autograd.grad(m(inputs).square().sum(), inputs, create_graph=True)
-        second.append(torch.autograd.grad(g.square().sum(), inputs)[0])
-    torch.testing.assert_close(second[1], second[0], rtol=1e-9, atol=1e-12)
+    _assert_exact_to_second_order(model, optimized, x)
 
 
 class SeparableConv(nn.Module):
@@ -377,13 +382,7 @@ def test_a_budget_recomputes_inner_regions_without_a_tail_conv_exactly_with_seco
         assert not [(a, b) for a in chosen for b in chosen if b.startswith(a + ".")], report
     optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.45)
     assert any(".mid." in r.name for r in optimized.fxfuse_report.regions), optimized.fxfuse_report
-    assert_equivalent(model, optimized, x, dtype=torch.float64, steps=2)
-    inputs = x.clone().requires_grad_()
-    second = []
-    for m in (model, optimized):
-        (g,) = torch.autograd.grad(m(inputs).square().sum(), inputs, create_graph=True)
-        second.append(torch.autograd.grad(g.square().sum(), inputs)[0])
-    torch.testing.assert_close(second[1], second[0], rtol=1e-9, atol=1e-12)
+    _assert_exact_to_second_order(model, optimized, x)
 
 
 class InPlaceTail(nn.Module):
