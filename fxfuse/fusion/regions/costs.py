@@ -28,8 +28,9 @@ from . import graph as region_graph
 
 # A chain (regions/graph.py) is a candidate when recomputing it costs at most this many FLOPs per byte
 # it frees (pointwise ops count none; a squeeze-excite gate's 1x1 convs on pooled values 10 FLOP/B at
-# VoVNet's last stage, a 1x1 conv on 64 channels 32), and frees at least CHAIN_MIN_SHARE of what the
-# whole graph saves: thousands of chains free a few KiB (a gate's pooled values), and would fill the report.
+# VoVNet's last stage, a 3x3 depthwise conv about 4; a lone 1x1 conv on 64 channels, 32, is left to the
+# regions and site upgrades), and frees at least CHAIN_MIN_SHARE of what the whole graph saves: hundreds
+# of chains free a few KiB (a gate's pooled values), and would fill the report.
 CHAIN_FLOPS_PER_BYTE = 16.0
 CHAIN_MIN_SHARE = 0.002
 

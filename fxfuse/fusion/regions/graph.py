@@ -52,7 +52,7 @@ class Region:
     output: Optional[fx.Node] = None
     modules: tuple[str, ...] = ()  # module paths it uses, in first-use order
     problem: Optional[str] = None  # why it cannot be recomputed as one region
-    parent: str = ""  # an inner region: the region it lies in (one or the other is recomputed, not both)
+    parent: str = ""  # an inner region or a chain: the region it lies in (one or the other is recomputed)
 
 
 def _traced_through(graph: fx.Graph) -> set[str]:
