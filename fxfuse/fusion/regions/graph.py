@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch.fx as fx
 from torch import nn
@@ -89,7 +89,7 @@ def _members(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
 
 
-def _with_users_keys(members: list[fx.Node], keys: dict[fx.Node, Optional[str]]) -> dict[fx.Node, Optional[str]]:
+def _with_users_keys(members: list[fx.Node], keys: dict[fx.Node, Any]) -> dict[fx.Node, Any]:
     """Nodes the passes added without a module stack (metadata stand-ins) go with their first user."""
     for node in reversed(members):
         if node not in keys:
@@ -98,10 +98,8 @@ def _with_users_keys(members: list[fx.Node], keys: dict[fx.Node, Optional[str]])
     return keys
 
 
-def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[fx.Node, Optional[str]]:
+def _keys(members: list[fx.Node], modules: dict[str, nn.Module], traced: set[str]) -> dict[fx.Node, Optional[str]]:
     """Each member node's block (None: not in one)."""
-    members = _members(graph)
-    traced = _traced_through(graph)
     stacked = [n for n in members if "nn_module_stack" in n.meta]
     keys: dict[fx.Node, Optional[str]] = {n: _block_of(n, modules, traced, False) for n in stacked}
     if not any(keys.values()):
@@ -113,13 +111,10 @@ def _keys(graph: fx.Graph, modules: dict[str, nn.Module]) -> dict[fx.Node, Optio
 
 def _inner_paths(members: list[fx.Node], keys: dict[fx.Node, Optional[str]], traced: set[str]) -> dict[str, list]:
     """Every module traced through inside a block, with the member nodes traced inside it, in graph order."""
-    stacks: dict[fx.Node, Optional[list[str]]] = {}
-    for node in reversed(members):  # nodes the passes added without a stack go with their first user
-        if "nn_module_stack" in node.meta:
-            stacks[node] = [path for path, _ in node.meta["nn_module_stack"].values()]
-        else:
-            users = [u for u in node.users if stacks.get(u) is not None]
-            stacks[node] = stacks[users[0]] if users else None
+    stacked = {
+        n: [path for path, _ in n.meta["nn_module_stack"].values()] for n in members if "nn_module_stack" in n.meta
+    }
+    stacks = _with_users_keys(members, stacked)
     paths: dict[str, list] = {}
     for node in members:
         block = keys.get(node)
@@ -259,8 +254,9 @@ def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
     at least two, and not the same as an enclosing region's (DenseNet's `denseblock1.denselayer3`,
     VoVNet's `stages.0.blocks.0.conv_mid.1`), where it can be one."""
     modules = dict(root.named_modules())
-    keys = _keys(graph, modules)
     members = _members(graph)
+    traced = _traced_through(graph)
+    keys = _keys(members, modules, traced)
     regions, seen = [], {}
     for key, nodes in _runs(members, keys):
         if key is None:
@@ -274,7 +270,7 @@ def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
             regions.append(seen[key])
     position = {n: i for i, n in enumerate(members)}
     spans = {block: (position[r.nodes[0]], len(r.nodes)) for block, r in seen.items()}
-    for path, nodes in sorted(_inner_paths(members, keys, _traced_through(graph)).items()):
+    for path, nodes in sorted(_inner_paths(members, keys, traced).items()):
         span = (position[nodes[0]], len(nodes))
         if len(nodes) < 2 or position[nodes[-1]] - span[0] + 1 != len(nodes) or span in spans.values():
             continue  # one node, interleaved with others, or the same nodes as an enclosing region
