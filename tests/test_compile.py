@@ -145,7 +145,7 @@ def test_recompute_regions_under_compile_train_exactly_in_float64():
     model = torchvision.models.resnet18()
     x = torch.randn(2, 3, 64, 64)
     optimized = fxfuse.optimize(copy.deepcopy(model), (x,), memory_budget=0.3)
-    assert any(r.kind == "region" for r in optimized.fxfuse_report.regions), "no region to compile around"
+    assert any(r.kind != "link" for r in optimized.fxfuse_report.regions), "no region to compile around"
     candidate = torch.compile(optimized, backend=PARTITIONED)
     assert_equivalent(Holder(model), candidate, x, dtype=torch.float64)
 

@@ -335,3 +335,13 @@ def test_cpu_measured_constants_are_flagged_for_another_device():
     assert policy.device_notes((torch.randn(2), {"m": torch.empty(2, device="meta")})) == []
     note = policy.device_note("cuda")
     assert note.startswith("on cuda:") and "measured on CPU" in note and "fxfuse bench --device cuda" in note
+
+
+def test_report_names_each_recomputed_regions_kind():
+    x = torch.randn(8, 3, 160, 160)
+    report = fxfuse.explain(torchvision.models.resnet18(num_classes=10), x, memory_budget=0.2)
+    kinds = {r.name: r.kind for r in report.regions}
+    assert set(kinds.values()) <= {"block", "run", "chain", "link"}, kinds
+    assert {"block", "chain", "link"} <= set(kinds.values()), kinds
+    table = str(report)
+    assert all(f"{name} " in table and kind in table for name, kind in kinds.items())

@@ -87,7 +87,7 @@ class RegionChoice:
     """A recompute region (or a link chaining two) that a budget chose (fusion/regions/ranking.py)."""
 
     name: str
-    kind: str  # "region" or "link"
+    kind: str  # a region's kind ("block", "run", "chain") or "link"
     recompute_flops: int
     saved_bytes: int  # activation bytes it frees, as estimated on the meta device
     reason: str

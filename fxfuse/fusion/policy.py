@@ -503,7 +503,7 @@ def _region_choice(entry: RegionCandidate, limit: str, flat_links: frozenset = f
     cost = entry.cost
     if entry.kind == "region":
         what = f"{cost.kind} keeps only its inputs; backward runs its forward again (sites inside: pointwise form)"
-        return RegionChoice(cost.name, entry.kind, cost.flops, cost.freed_bytes, f"{limit}: {entry.describe()}; {what}")
+        return RegionChoice(cost.name, cost.kind, cost.flops, cost.freed_bytes, f"{limit}: {entry.describe()}; {what}")
     if (cost.first, cost.second) in flat_links:
         what = (
             f"chains {cost.first} and {cost.second}, flat: one recompute runs both, holding {cost.first}'s "
