@@ -512,31 +512,7 @@ def to_json(rows: list[Row]) -> list[dict]:
     return [{**asdict(r), "dominated_by": marks.get(r.variant)} for r in rows]
 
 
-def plot_frontier(rows: list[Row], path: str, title: str = "") -> None:
-    """The memory/time plane: saved-for-backward and peak ratios against step-time ratio, a point per variant.
-
-    Needs matplotlib (`pip install fxfuse[plot]`); the format follows `path`'s suffix (.svg, .png, .pdf).
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigurationError("--plot needs matplotlib: pip install 'fxfuse[plot]'") from None
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for attr, marker, label in (("saved_ratio", "o", "saved for backward"), ("peak_ratio", "^", "peak in step")):
-        points = [(r.time_ratio, getattr(r, attr), r.variant) for r in rows if getattr(r, attr) is not None]
-        ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, label=label)
-        for x, y, name in points:
-            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
-    base = next((r.variant for r in rows if r.baseline), rows[0].variant)
-    ax.set_xlabel(f"train step time (ratio to {base})")
-    ax.set_ylabel(f"memory (ratio to {base})")
-    ax.axhline(1.0, color="grey", linewidth=0.5)
-    ax.axvline(1.0, color="grey", linewidth=0.5)
-    ax.set_title(title or "memory/time frontier")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+def from_json(rows: list[dict]) -> list[Row]:
+    """The rows `to_json` wrote (the "rows" of `fxfuse bench --json`)."""
+    fields = set(Row.__dataclass_fields__)
+    return [Row(**{k: v for k, v in r.items() if k in fields}) for r in rows]

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from .. import bench
+from .. import bench, plot
 from ..errors import ConfigurationError
 from ..fusion import MODES
 from ..measure import fit
@@ -174,11 +174,8 @@ def run(args: argparse.Namespace) -> int:
         ways = bench.FIT_WAYS if args.fit_by == "both" else (args.fit_by,)
         bench.add_fit(rows, variants, (x,), args.fit_cap, ways=ways, log=log, memory_format=fmt)
     if args.plot:
-        bench.plot_frontier(
-            rows,
-            args.plot,
-            title=f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {args.memory_format}, {args.device}",
-        )
+        title = f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {args.memory_format}, {args.device}"
+        plot.plot_fronts([(title, rows)], args.plot)
         log(f"frontier plot written to {args.plot}")
     if args.json:
         print(
