@@ -117,3 +117,37 @@ def test_a_region_across_the_edge_of_one_ranked_before_it_is_dropped(unweighted)
     profile = _profile()
     profile.regions += [inner, chain]
     assert [e.name for e in ranking.rank([], profile)] == ["a.x…a.y", "a", "b", "a→b"]
+
+
+def test_what_a_region_encloses_and_costs_less_in_all_comes_before_it(unweighted):
+    """A whole stage frees more per FLOP than any block in it (CSP's `stages.0`), but a budget that needs
+    a little more than what comes before should take one block, not the stage. The block is ranked
+    first; where the budget needs the stage's bytes, the stage replaces it, so no prefix recomputes more."""
+    stage = RegionCost("s", "block", ("s.b0.conv", "s.b1.conv"), 10_000, 1000, nodes=_nodes("s", 8))  # 10 FLOP/B
+    blocks = [
+        RegionCost("s.b0", "block", ("s.b0.conv",), 3000, 200, "s", _nodes("s", 4)),  # 15 FLOP/B, 3000 in all
+        RegionCost("s.b1", "block", ("s.b1.conv",), 12_000, 400, "s", _nodes("s", 4, 4)),  # more than the stage
+    ]
+    upgrade, pointwise = _upgrade("s.b0.conv", "s.b0.bn", 20.0, marginal=50)  # 1000 FLOPs in all
+    other, _ = _upgrade("c.conv1", "c.bn1", 12.0)
+    ranked = ranking.rank([other, upgrade], Profile([stage, *blocks], [], {}))
+    assert [e.name for e in ranked] == ["s.b0.conv + s.b0.bn", "s.b0", "s", "c.conv1 + c.bn1"]
+    order = ["s", "s.b0", "s.b1"]
+    assert ranking.select(ranked[:1], [pointwise], order).upgrades == [upgrade]
+    assert ranking.select(ranked[:2], [pointwise], order).groups == (("s.b0",),)
+    three = ranking.select(ranked[:3], [pointwise], order)
+    assert three.groups == (("s",),) and not three.upgrades
+    assert [ranking.recompute_cost(ranking.select(ranked[:k], [pointwise], order)) for k in (1, 2, 3)] == [
+        1000,
+        3000,
+        10_000,
+    ]
+
+
+def test_a_chain_that_costs_nothing_pulls_nothing_before_it(unweighted):
+    """A BN→add→ReLU chain shares its BN with a conv→BN upgrade that costs more in all: the upgrade is not
+    pulled before the chain, and after it, it could not apply (its BN runs inside the chain): dropped."""
+    chain = RegionCost("a.bn…a.relu", "chain", ("a.bn", "a.relu"), 0, 100, "a", _nodes("a", 3, 1))
+    upgrade, _ = _upgrade("a.conv", "a.bn", 30.0)
+    ranked = ranking.rank([upgrade], Profile([chain], [], {}))
+    assert [e.name for e in ranked] == ["a.bn…a.relu"]

@@ -14,9 +14,12 @@ Three kinds of entries, all costed in recompute FLOPs per byte freed:
 
 Entries are sorted by FLOPs per byte, cheapest first (a region's or link's FLOPs weighted
 by REGION_FLOP_COST, their measured extra time per FLOP); a link never comes before its two
-regions, and an upgrade ranked after a region that contains it is dropped (it would
-change nothing). A selection is a prefix of this one list: a tighter budget takes a
-longer prefix, so it never saves less.
+regions. A region is preceded by what it encloses (inner regions, chains, site upgrades)
+even where those cost more per byte: a whole CSP stage frees more per FLOP than any of its
+bottlenecks, but a budget that needs a tenth of its bytes is met by one bottleneck, at a
+fraction of its FLOPs; one that needs them all takes the stage, which replaces them. So a
+prefix never recomputes more than the plain sort would. A selection is a prefix of this one
+list: a tighter budget takes a longer prefix, so it never saves less.
 """
 
 from __future__ import annotations
@@ -114,15 +117,42 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
         return (False, e.sort_key, 1 if e.kind == "link" else 0, -e.marginal_bytes)
 
     entries.sort(key=key)
-    ranked, regions_so_far = [], []
-    for e in entries:
+    ranked: list[Entry] = []
+    regions_so_far: list[RegionCost] = []
+    done: set[int] = set()
+
+    def cost(e: Entry) -> float:
+        if isinstance(e, Candidate):
+            return (e.flops_per_byte or float("inf")) * (e.marginal_bytes or 0)
+        return e.sort_key * e.marginal_bytes
+
+    def first(e: Entry, outer: RegionCandidate) -> bool:
+        """Whether `e` lies inside `outer` and costs less in all: what a budget may take instead of it."""
+        if isinstance(e, Candidate):
+            within = site_in_region(e.site.names, outer.cost)
+        else:
+            within = e.kind == "region" and encloses(outer.cost, e.cost)
+        return within and cost(e) < cost(outer)
+
+    def emit(i: int) -> None:
+        e = entries[i]
+        done.add(i)
         if isinstance(e, Candidate) and any(site_in_region(e.site.names, r) for r in regions_so_far):
-            continue
+            return
         if isinstance(e, RegionCandidate) and e.kind == "region":
             if any(encloses(r, e.cost) or _overlaps(r, e.cost) for r in regions_so_far):
-                continue  # inside a region before it (which recomputes it already), or across one's edge
+                return  # inside a region before it (which recomputes it already), or across one's edge
+            # What it encloses, ranks after it and costs less in all comes first: a budget that needs
+            # part of its bytes stops there, and where it needs them all, this region replaces them (select).
+            for j in range(i + 1, len(entries)):
+                if j not in done and first(entries[j], e):
+                    emit(j)
             regions_so_far.append(e.cost)
         ranked.append(e)
+
+    for i in range(len(entries)):
+        if i not in done:
+            emit(i)
     return ranked
 
 
