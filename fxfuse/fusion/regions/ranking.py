@@ -126,7 +126,7 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
             return (e.flops_per_byte or float("inf")) * (e.marginal_bytes or 0)
         return e.sort_key * e.marginal_bytes
 
-    def first(e: Entry, outer: RegionCandidate) -> bool:
+    def comes_first(e: Entry, outer: RegionCandidate) -> bool:
         """Whether `e` lies inside `outer` and costs less in all: what a budget may take instead of it."""
         if isinstance(e, Candidate):
             within = site_in_region(e.site.names, outer.cost)
@@ -145,7 +145,7 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
             # What it encloses, ranks after it and costs less in all comes first: a budget that needs
             # part of its bytes stops there, and where it needs them all, this region replaces them (select).
             for j in range(i + 1, len(entries)):
-                if j not in done and first(entries[j], e):
+                if j not in done and comes_first(entries[j], e):
                     emit(j)
             regions_so_far.append(e.cost)
         ranked.append(e)
