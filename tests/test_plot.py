@@ -49,3 +49,26 @@ def test_rows_survive_a_json_round_trip():
     written = bench.to_json(rows)
     assert written[3]["dominated_by"] == "budget=0.3"
     assert bench.from_json(written) == rows
+
+
+def test_the_readme_figure_redraws_from_the_runs_kept_in_docs(tmp_path):
+    pytest.importorskip("matplotlib")
+    import json
+    import runpy
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    runs = sorted((root / "docs" / "fronts").glob("*.json"))
+    assert len(runs) == 3
+    for path in runs:
+        rows = bench.from_json(json.loads(path.read_text())["rows"])
+        assert any(r.baseline for r in rows) and any(r.variant.startswith("compile-budget=") for r in rows)
+    out = tmp_path / "fronts.svg"
+    argv = sys.argv
+    sys.argv = ["plot_fronts.py", str(out), *map(str, runs)]
+    try:
+        runpy.run_path(str(root / "benchmarks" / "plot_fronts.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert "densenet121" in out.read_text()
