@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Optional
 
 from fxfuse import bench, plot
 
@@ -20,11 +21,11 @@ def title(run: dict) -> str:
     return f"{run['model'].split(':')[-1]}, {shape}, {run.get('memory_format') or 'NCHW'}, {run['device']}"
 
 
-def main() -> None:
+def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="the figure to write (.svg, .png, .pdf)")
     parser.add_argument("runs", nargs="+", help="JSON files written by `fxfuse bench --json`")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     panels = []
     for path in args.runs:
         with open(path) as f:

@@ -1,3 +1,7 @@
+import json
+import runpy
+from pathlib import Path
+
 import pytest
 
 from fxfuse import bench, plot
@@ -53,11 +57,6 @@ def test_rows_survive_a_json_round_trip():
 
 def test_the_readme_figure_redraws_from_the_runs_kept_in_docs(tmp_path):
     pytest.importorskip("matplotlib")
-    import json
-    import runpy
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     runs = sorted((root / "docs" / "fronts").glob("*.json"))
     assert len(runs) == 3
@@ -65,10 +64,6 @@ def test_the_readme_figure_redraws_from_the_runs_kept_in_docs(tmp_path):
         rows = bench.from_json(json.loads(path.read_text())["rows"])
         assert any(r.baseline for r in rows) and any(r.variant.startswith("compile-budget=") for r in rows)
     out = tmp_path / "fronts.svg"
-    argv = sys.argv
-    sys.argv = ["plot_fronts.py", str(out), *map(str, runs)]
-    try:
-        runpy.run_path(str(root / "benchmarks" / "plot_fronts.py"), run_name="__main__")
-    finally:
-        sys.argv = argv
+    script = runpy.run_path(str(root / "benchmarks" / "plot_fronts.py"))
+    script["main"]([str(out), *map(str, runs)])
     assert "densenet121" in out.read_text()

@@ -94,6 +94,14 @@ def _overlaps(a: RegionCost, b: RegionCost) -> bool:
 REGION_FLOP_COST = 2.6
 
 
+def weighted_flops(e: Entry) -> Optional[float]:
+    """What the entry recomputes on its own, in site FLOPs: a site's FLOPs, a region's or a link's
+    weighted by REGION_FLOP_COST; None for a site whose cost is unknown."""
+    if isinstance(e, Candidate):
+        return None if e.flops_per_byte is None else e.flops_per_byte * (e.marginal_bytes or 0)
+    return REGION_FLOP_COST * e.cost.flops
+
+
 def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
     """Upgrades (already sorted by policy.candidates), regions and links in one list, cheapest per byte first."""
     entries: list[Entry] = list(upgrades)
@@ -121,18 +129,14 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
     regions_so_far: list[RegionCost] = []
     done: set[int] = set()
 
-    def cost(e: Entry) -> float:
-        if isinstance(e, Candidate):
-            return (e.flops_per_byte or float("inf")) * (e.marginal_bytes or 0)
-        return e.sort_key * e.marginal_bytes
-
     def comes_first(e: Entry, outer: RegionCandidate) -> bool:
         """Whether `e` lies inside `outer` and costs less in all: what a budget may take instead of it."""
         if isinstance(e, Candidate):
             within = site_in_region(e.site.names, outer.cost)
         else:
             within = e.kind == "region" and encloses(outer.cost, e.cost)
-        return within and cost(e) < cost(outer)
+        cost = weighted_flops(e)
+        return within and cost is not None and cost < weighted_flops(outer)
 
     def emit(i: int) -> None:
         e = entries[i]
@@ -212,10 +216,8 @@ SITE_FLOP_STEP_COST = 0.5
 
 def recompute_cost(selection: Selection) -> float:
     """The selection's recompute FLOPs, a region's (and a nested link's) weighted by REGION_FLOP_COST."""
-    sites = sum((c.flops_per_byte or 0.0) * (c.marginal_bytes or 0) for c in selection.upgrades)
     nested = [link for link in selection.links if (link.cost.first, link.cost.second) not in selection.flat_links]
-    regions = sum(r.cost.flops for r in selection.regions) + sum(link.cost.flops for link in nested)
-    return sites + REGION_FLOP_COST * regions
+    return sum(weighted_flops(e) or 0.0 for e in [*selection.upgrades, *selection.regions, *nested])
 
 
 def estimated_time(selection: Selection, step_flops: int) -> float:
