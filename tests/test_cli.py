@@ -12,7 +12,7 @@ from fxfuse.cli import main
 def test_optimize_prints_the_report(capsys):
     assert main(["optimize", "torchvision:resnet18", "--input-shape", "2,3,32,32"]) == 0
     out = capsys.readouterr().out
-    assert "20 fused" in out and "layer1.0.conv1 + layer1.0.bn1 + layer1.0.relu" in out
+    assert "21 fused" in out and "layer1.0.conv1 + layer1.0.bn1 + layer1.0.relu" in out
 
 
 def test_optimize_json_and_fast_mode(capsys):

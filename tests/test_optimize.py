@@ -261,8 +261,8 @@ class TutorialNet(nn.Module):
 
 
 def test_inplace_activation_whose_input_is_used_later_is_fused():
-    optimized = _check(TutorialNet(), torch.randn(4, 1, 12, 12), expect_fused=2)
-    assert [s.activation for s in optimized.fxfuse_report.fused] == ["relu", "relu"]
+    optimized = _check(TutorialNet(), torch.randn(4, 1, 12, 12), expect_fused=3)  # and its max pool
+    assert [s.activation for s in optimized.fxfuse_report.fused if s.activation] == ["relu", "relu"]
 
 
 def test_hooks_prevent_fusion():

@@ -34,12 +34,13 @@ class ConvBNReLU(nn.Sequential):
 
 class UNetUp(nn.Module):
     """A U-Net decoder step: cat(skip, up(x)) → conv → BN → ReLU. The skip is also the input of the
-    encoder's max pool, which keeps it; the upsampled half is kept by nothing else."""
+    encoder's strided downsampling conv, which keeps it; the upsampled half is kept by nothing else.
+    (A max pool would not keep it: fxfuse::max_pool2d keeps a byte per output.)"""
 
     def __init__(self, c=4):
         super().__init__()
         self.enc = ConvBNReLU(3, c)
-        self.pool = nn.MaxPool2d(2)
+        self.pool = nn.Conv2d(c, c, 2, stride=2)
         self.mid = ConvBNReLU(c, c)
         self.up = nn.Upsample(scale_factor=2)
         self.dec = ConvBNReLU(2 * c, c)

@@ -156,12 +156,11 @@ def test_peak_budget_slack_runs_links_flat_and_keeps_the_saved_bytes():
     flat_links = [r for r in flat.regions if r.kind == "link" and "flat" in r.reason]
     assert flat_links and all(r.recompute_flops == 0 for r in flat_links)
     assert flat.selected_saved_bytes == nested.selected_saved_bytes
-    assert nested.selected_peak_bytes < flat.selected_peak_bytes <= 0.9 * flat.eager_peak_bytes
-    # No slack: a peak budget at the nested peak leaves every link nested.
+    assert nested.selected_peak_bytes <= flat.selected_peak_bytes <= 0.9 * flat.eager_peak_bytes
+    # No slack: a peak budget at the nested peak makes flat only the links that do not raise it.
     tight = nested.selected_peak_bytes / nested.eager_peak_bytes
     at_peak = fxfuse.explain(model, x, memory_budget=0.25, peak_budget=tight + 1e-9)
-    assert at_peak.peak_budget_met and not any("flat" in r.reason for r in at_peak.regions)
-    assert at_peak.selected_peak_bytes == nested.selected_peak_bytes
+    assert at_peak.peak_budget_met and at_peak.selected_peak_bytes == nested.selected_peak_bytes
 
 
 # 64x64, not 32x32: at 2x3x32x32 the last stage's batch norms see 2 values per channel, and

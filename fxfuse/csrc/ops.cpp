@@ -174,6 +174,16 @@ TORCH_LIBRARY(fxfuse, m) {
   m.def(
       "avg_pool2d(Tensor input, int[2] kernel_size, int[2] stride, int[2] padding, "
       "bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor");
+  // F.max_pool2d, returning besides its output where each maximum lies in its window (one byte
+  // per output element): its autograd (ops/max_pool2d.py) keeps only those, where eager's keeps
+  // the input and int64 indices.
+  m.def(
+      "max_pool2d(Tensor input, int[2] kernel_size, int[2] stride, int[2] padding, "
+      "int[2] dilation, bool ceil_mode) -> (Tensor output, Tensor window_offsets)");
+  // ATen's flat indices (row * input_width + column) of max_pool2d's maxima, from its window_offsets.
+  m.def(
+      "max_pool2d_indices(Tensor window_offsets, int input_width, int[2] kernel_size, int[2] stride, "
+      "int[2] padding, int[2] dilation) -> Tensor");
   // F.conv2d(input, weight, bias, stride, padding, dilation, groups), whose backward is
   // conv2d_backward: the gradients as aten::convolution_backward gives them, the backward of
   // every fxfuse op holding a conv. On CPU a large-kernel depthwise conv's weight and bias

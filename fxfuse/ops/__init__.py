@@ -2,7 +2,7 @@
 
 Each op module (`avg_pool2d`, `batch_norm_act`, `conv_bn_act`, `bn_act_conv`, `conv2d`, `conv_act`,
 `linear_act`, `act_linear`, `act_linear_scale`, `gelu`, `layer_norm_linear`,
-`conv_layer_norm_linear`) holds its wrapper with eager semantics and eager fallback, its fake
+`conv_layer_norm_linear`, `max_pool2d`) holds its wrapper with eager semantics and eager fallback, its fake
 kernels and its autograd formula; `cat_input` the variants of four of them that take their input's
 concatenated pieces and keep those instead (cat_batch_norm_act, cat_conv_bn_act, cat_bn_act_conv,
 cat_conv2d); `checks` holds what they share, `linear_common` what
@@ -41,6 +41,7 @@ from .conv_layer_norm_linear import conv_layer_norm_linear
 from .gelu import gelu
 from .layer_norm_linear import layer_norm_linear
 from .linear_act import linear_act
+from .max_pool2d import max_pool2d
 from .routing import generic_path
 
 OPS = (
@@ -56,6 +57,7 @@ OPS = (
     "gelu",
     "layer_norm_linear",
     "linear_act",
+    "max_pool2d",
 )
 
 if _extension.loaded():
@@ -85,4 +87,5 @@ __all__ = [
     "generic_path",
     "layer_norm_linear",
     "linear_act",
+    "max_pool2d",
 ]

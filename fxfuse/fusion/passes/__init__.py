@@ -27,6 +27,7 @@ from . import (
     layer_norm_linear,
     layer_scale,
     linear_conv_act,
+    max_pool2d,
 )
 from .context import PassContext
 
@@ -52,6 +53,7 @@ PASSES = (
     Pass(bn_act_conv.run, "after the fusing passes: merges a rewritten BN→act site into the conv after it"),
     Pass(depthwise_conv.PASS, "last to fuse: large-kernel depthwise convs no site took get fxfuse's conv backward"),
     Pass(avg_pool2d.PASS, "reads no other pass's nodes; before cat_input, which must not count a pooled input as kept"),
+    Pass(max_pool2d.PASS, "likewise: reads no other pass's nodes, and keeps none of its input"),
     Pass(cat_input.run, "after every fused op exists: a concatenated input is kept as its pieces where those are kept"),
     Pass(inplace_add.run, "last: adds into fused outputs, which exist once every site is rewritten"),
 )

@@ -37,6 +37,7 @@ from torch import nn
 from .. import runtime, user_checkpoint
 from ..graphs import compile_graph, provenance, subgraph
 from ..hooks import describe_hooks, has_hooks
+from ..passes.driver import SITE_META
 from ..passes.inplace_add import plain_batch_norm
 from . import recompute
 
@@ -135,6 +136,19 @@ def _touched_modules(nodes: Sequence[fx.Node], graph_modules: dict[str, nn.Modul
             if path in graph_modules:
                 paths[path] = None
     return tuple(paths)
+
+
+def _name(nodes: Sequence[fx.Node], graph_modules: dict[str, nn.Module]) -> Optional[str]:
+    """A run's or chain's name: the first and last modules it uses, counting modules a pass rewrote
+    into a call without parameters (a max pool, a GELU), which `_touched_modules` cannot see."""
+    paths: dict[str, None] = {}
+    for node in nodes:
+        site = node.meta.get(SITE_META)
+        if site is not None and not any(n.op == "get_attr" for n in node.all_input_nodes):
+            paths.update((p, None) for p in site.names if p in graph_modules)
+        else:
+            paths.update((p, None) for p in _touched_modules([node], graph_modules))
+    return f"{next(iter(paths))}…{list(paths)[-1]}" if paths else None
 
 
 def _as_piece_only(node: fx.Node, user: fx.Node) -> bool:
@@ -260,8 +274,7 @@ def find(graph: fx.Graph, root: nn.Module) -> list[Region]:
     regions, seen = [], {}
     for key, nodes in _runs(members, keys):
         if key is None:
-            touched = _touched_modules(nodes, modules)
-            name = f"{touched[0]}…{touched[-1]}" if touched else f"run at {nodes[0].name}"
+            name = _name(nodes, modules) or f"run at {nodes[0].name}"
             regions.append(_region(name, "run", nodes, modules))
         elif key in seen:
             seen[key].problem = "its nodes are interleaved with others"
@@ -307,7 +320,7 @@ def _chains(outer: list[Region], modules: dict[str, nn.Module], names: set[str],
                 touched = _touched_modules(run, modules)
                 if not touched:
                     continue
-                name = f"{touched[0]}…{touched[-1]}"
+                name = _name(run, modules)
                 if name in names:
                     continue
                 names.add(name)

@@ -1,0 +1,137 @@
+"""`max_pool2d`: F.max_pool2d that keeps one byte per output element for backward (`fxfuse::max_pool2d`).
+
+Max pooling's gradient sends each output gradient to the window position its maximum came from:
+it needs those positions and the input's shape, never the input's values. Eager's autograd keeps
+the whole input and int64 indices all the same (MaxPool2DWithIndicesBackward saves `self` and
+`indices`: 8 bytes per output element besides the input). The op keeps the position inside the
+window instead, one byte per output element (`window_offsets`, row * kernel width + column), saved
+through `ctx.save_for_backward`. Where nothing else keeps the input (a VoVNet stage's gated output,
+pooled by the next stage), the whole input is freed too. The forward is ATen's max pooling, so the
+output is eager's; the backward rebuilds ATen's flat indices from the positions and runs ATen's
+max_pool2d_with_indices_backward on an uninitialised tensor with the input's size and strides, so
+the gradient is eager's bit for bit.
+
+A `create_graph=True` backward is ATen's backward too, which autograd differentiates in the gradient
+(a gather by the same indices). Calls the op cannot serve as eager does (no gradient needed, tensor
+subclasses, torch.func transforms, autocast, strides neither contiguous nor channels_last,
+`return_indices=True`, windows over 256 elements, arguments of the wrong types) run F.max_pool2d,
+which raises eager's errors.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import compiled
+from .checks import autocast_on, fusable, plain
+
+__all__ = ["max_pool2d"]
+
+# The positions inside a window are stored in one byte (uint8).
+MAX_WINDOW = 256
+
+
+def _ints(value, empty_ok: bool = False) -> bool:
+    """An int, or a list/tuple of one or two ints: what the schema's int[2] takes as eager does."""
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return True
+    return isinstance(value, (list, tuple)) and (
+        (empty_ok and len(value) == 0)
+        or (len(value) in (1, 2) and all(isinstance(v, Integral) and not isinstance(v, bool) for v in value))
+    )
+
+
+def _pair(value, default: list[int]) -> list[int]:
+    if isinstance(value, Integral):
+        return [int(value)] * 2
+    if value is None or len(value) == 0:
+        return default
+    return [int(value[0]), int(value[-1])]
+
+
+def _dense(input: Tensor) -> bool:
+    return input.is_contiguous() or (input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last))
+
+
+def _small_window(kernel_size) -> bool:
+    kh, kw = _pair(kernel_size, [0, 0])
+    return kh * kw <= MAX_WINDOW
+
+
+def max_pool2d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    dilation=1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Tensor:
+    """`F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)`,
+    keeping for backward one byte per output element instead of the input and int64 indices."""
+    if (
+        not return_indices
+        and isinstance(input, Tensor)
+        and input.requires_grad
+        and torch.is_grad_enabled()
+        and plain(input)
+        and fusable(input)
+        and not autocast_on(input.device.type)
+        and not compiled.composing()
+        and _dense(input)
+        and _ints(kernel_size)
+        and (stride is None or _ints(stride, empty_ok=True))
+        and _ints(padding)
+        and _ints(dilation)
+        and isinstance(ceil_mode, bool)
+        and _small_window(kernel_size)
+    ):
+        output, _ = torch.ops.fxfuse.max_pool2d(
+            input, kernel_size, [] if stride is None else stride, padding, dilation, ceil_mode
+        )
+        return output
+    return F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def _fake(input, kernel_size, stride, padding, dilation, ceil_mode):
+    output, indices = torch.ops.aten.max_pool2d_with_indices.default(
+        input, kernel_size, stride, padding, dilation, ceil_mode
+    )
+    return output, torch.empty_like(indices, dtype=torch.uint8)
+
+
+def _setup(ctx, inputs, output):
+    input, kernel_size, stride, padding, dilation, ceil_mode = inputs
+    ctx.input_geometry = (tuple(input.shape), tuple(input.stride()), input.dtype, input.device)
+    ctx.config = (kernel_size, stride, padding, dilation, ceil_mode)
+    ctx.save_for_backward(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, _grad_offsets):  # runs only where the input requires grad
+    if grad_out is None:
+        return (None,) * 6
+    (offsets,) = ctx.saved_tensors
+    size, stride, dtype, device = ctx.input_geometry
+    kernel_size, pool_stride, padding, dilation, ceil_mode = ctx.config
+    indices = torch.ops.fxfuse.max_pool2d_indices(offsets, size[-1], kernel_size, pool_stride, padding, dilation)
+    shape_only = torch.empty_strided(size, stride, dtype=dtype, device=device)
+    grad_input = torch.ops.aten.max_pool2d_with_indices_backward.default(
+        grad_out, shape_only, kernel_size, pool_stride, padding, dilation, ceil_mode, indices
+    )
+    return (grad_input,) + (None,) * 5
+
+
+def _indices_fake(window_offsets, input_width, kernel_size, stride, padding, dilation):
+    return torch.empty_like(window_offsets, dtype=torch.int64)
+
+
+def register() -> None:
+    """Fake kernels of max_pool2d and max_pool2d_indices, and max_pool2d's autograd (fxfuse._C defines the ops)."""
+    torch.library.register_fake("fxfuse::max_pool2d", _fake)
+    torch.library.register_fake("fxfuse::max_pool2d_indices", _indices_fake)
+    torch.library.register_autograd("fxfuse::max_pool2d", _backward, setup_context=_setup)
