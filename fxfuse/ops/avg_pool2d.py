@@ -24,27 +24,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .checks import autocast_on, fusable, plain
+from .checks import int_args, pool_input_ok
 
 __all__ = ["avg_pool2d"]
 
 
-def _int_pair(value) -> bool:
-    """An int, or a list/tuple of one or two ints: what the schema's int[2] takes as eager does."""
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        return True
-    return (
-        isinstance(value, (list, tuple))
-        and len(value) in (1, 2)
-        and all(isinstance(v, Integral) and not isinstance(v, bool) for v in value)
-    )
-
-
 def _arguments_plain(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override) -> bool:
     return (
-        _int_pair(kernel_size)
-        and (stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) or _int_pair(stride))
-        and _int_pair(padding)
+        int_args(kernel_size)
+        and (stride is None or int_args(stride, empty_ok=True))
+        and int_args(padding)
         and isinstance(ceil_mode, bool)
         and isinstance(count_include_pad, bool)
         and (
@@ -52,10 +41,6 @@ def _arguments_plain(kernel_size, stride, padding, ceil_mode, count_include_pad,
             or (isinstance(divisor_override, Integral) and not isinstance(divisor_override, bool))
         )
     )
-
-
-def _dense(input: Tensor) -> bool:
-    return input.is_contiguous() or (input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last))
 
 
 def avg_pool2d(
@@ -70,14 +55,8 @@ def avg_pool2d(
     """`F.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)`,
     keeping none of `input` for backward."""
     if (
-        isinstance(input, Tensor)
-        and input.requires_grad
-        and torch.is_grad_enabled()
-        and plain(input)
-        and fusable(input)
-        and not autocast_on(input.device.type)
+        pool_input_ok(input)
         and not compiled.composing()
-        and _dense(input)
         and _arguments_plain(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     ):
         return torch.ops.fxfuse.avg_pool2d(

@@ -10,6 +10,7 @@ The fake kernels' shape helpers live here too.
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Optional, Sequence, Union
 
 import torch
@@ -145,6 +146,31 @@ def fusable(input: Tensor) -> bool:
         and input.layout == torch.strided
         and not input.is_nested
         and (not autocast_on(input.device.type) or input.device.type in AUTOCAST_DEVICES)
+    )
+
+
+def pool_input_ok(input) -> bool:
+    """Where a pooling op (avg_pool2d, max_pool2d) serves a call as eager does: a tensor that needs a
+    gradient, plain and fusable, no autocast, contiguous or channels_last strides."""
+    return (
+        isinstance(input, Tensor)
+        and input.requires_grad
+        and torch.is_grad_enabled()
+        and plain(input)
+        and fusable(input)
+        and not autocast_on(input.device.type)
+        and (input.is_contiguous() or (input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last)))
+    )
+
+
+def int_args(value, empty_ok: bool = False) -> bool:
+    """An int, or a list/tuple of one or two ints (or none, with `empty_ok`): what a pooling schema's
+    int[2] takes as eager does."""
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return True
+    return isinstance(value, (list, tuple)) and (
+        (empty_ok and len(value) == 0)
+        or (len(value) in (1, 2) and all(isinstance(v, Integral) and not isinstance(v, bool) for v in value))
     )
 
 

@@ -27,22 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .checks import autocast_on, fusable, plain
+from .checks import int_args, pool_input_ok
 
 __all__ = ["max_pool2d"]
 
 # The positions inside a window are stored in one byte (uint8).
 MAX_WINDOW = 256
-
-
-def _ints(value, empty_ok: bool = False) -> bool:
-    """An int, or a list/tuple of one or two ints: what the schema's int[2] takes as eager does."""
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        return True
-    return isinstance(value, (list, tuple)) and (
-        (empty_ok and len(value) == 0)
-        or (len(value) in (1, 2) and all(isinstance(v, Integral) and not isinstance(v, bool) for v in value))
-    )
 
 
 def _pair(value, default: list[int]) -> list[int]:
@@ -51,10 +41,6 @@ def _pair(value, default: list[int]) -> list[int]:
     if value is None or len(value) == 0:
         return default
     return [int(value[0]), int(value[-1])]
-
-
-def _dense(input: Tensor) -> bool:
-    return input.is_contiguous() or (input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last))
 
 
 def _small_window(kernel_size) -> bool:
@@ -75,18 +61,12 @@ def max_pool2d(
     keeping for backward one byte per output element instead of the input and int64 indices."""
     if (
         not return_indices
-        and isinstance(input, Tensor)
-        and input.requires_grad
-        and torch.is_grad_enabled()
-        and plain(input)
-        and fusable(input)
-        and not autocast_on(input.device.type)
+        and pool_input_ok(input)
         and not compiled.composing()
-        and _dense(input)
-        and _ints(kernel_size)
-        and (stride is None or _ints(stride, empty_ok=True))
-        and _ints(padding)
-        and _ints(dilation)
+        and int_args(kernel_size)
+        and (stride is None or int_args(stride, empty_ok=True))
+        and int_args(padding)
+        and int_args(dilation)
         and isinstance(ceil_mode, bool)
         and _small_window(kernel_size)
     ):

@@ -21,7 +21,7 @@ from ... import ops
 from .context import PassContext
 from .driver import FusionPass, Site
 from .estimates import nbytes
-from .matchers import first_input, has_hooks, hooks_problem, site_name
+from .matchers import first_input, pool_module_call, site_name
 
 _FUNCTIONS = (F.avg_pool2d, torch._C._nn.avg_pool2d)
 _MODULE_ARGS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
@@ -33,11 +33,9 @@ def _call(node: fx.Node, ctx: PassContext) -> tuple[Optional[tuple], Optional[st
         m = ctx.modules.get(node.target)
         if type(m) is not nn.AvgPool2d:
             return None, None
-        if has_hooks(m):
-            return None, hooks_problem(m, "AvgPool2d")
-        if len(node.args) != 1 or node.kwargs:
-            return None, "unexpected AvgPool2d call arguments"
-        call = ((node.args[0],), {k: getattr(m, k) for k in _MODULE_ARGS})
+        call, problem = pool_module_call(node, ctx.modules, nn.AvgPool2d, _MODULE_ARGS)
+        if problem:
+            return None, problem
     elif node.op == "call_function" and node.target in _FUNCTIONS:
         call = (node.args, dict(node.kwargs))
     else:

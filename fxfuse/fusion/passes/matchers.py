@@ -89,6 +89,19 @@ def norm_act_activation(m: nn.Module) -> Optional[Activation]:
     return module_activation(m.act) if is_norm_act(m) else None
 
 
+def pool_module_call(
+    node: fx.Node, modules: dict[str, nn.Module], cls: type, attributes: tuple[str, ...]
+) -> tuple[Optional[tuple], Optional[str]]:
+    """For a call of a `cls` module (exactly that class, unhooked, one positional input): the
+    functional call it makes, ((input,), {attribute: value}); else why it cannot be rewritten."""
+    m = modules.get(node.target)
+    if has_hooks(m):
+        return None, hooks_problem(m, cls.__name__)
+    if len(node.args) != 1 or node.kwargs:
+        return None, f"unexpected {cls.__name__} call arguments"
+    return ((node.args[0],), {k: getattr(m, k) for k in attributes}), None
+
+
 def is_conv_function(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target in (F.conv2d, torch.conv2d)
 

@@ -23,7 +23,7 @@ from ...ops.max_pool2d import MAX_WINDOW
 from .context import PassContext
 from .driver import FusionPass, Site
 from .estimates import nbytes, numel
-from .matchers import first_input, has_hooks, hooks_problem, site_name
+from .matchers import first_input, pool_module_call, site_name
 
 _FUNCTIONS = (F.max_pool2d, torch.max_pool2d)
 _MODULE_ARGS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
@@ -45,13 +45,9 @@ def _call(node: fx.Node, ctx: PassContext) -> tuple[Optional[tuple], Optional[st
         m = ctx.modules.get(node.target)
         if type(m) is not nn.MaxPool2d:
             return None, None
-        if has_hooks(m):
-            return None, hooks_problem(m, "MaxPool2d")
-        if m.return_indices:
-            return None, "return_indices=True: the indices are the module's output"
-        if len(node.args) != 1 or node.kwargs:
-            return None, "unexpected MaxPool2d call arguments"
-        call = ((node.args[0],), {k: getattr(m, k) for k in _MODULE_ARGS})
+        call, problem = pool_module_call(node, ctx.modules, nn.MaxPool2d, _MODULE_ARGS)
+        if problem or m.return_indices:
+            return None, problem or "return_indices=True: the indices are the module's output"
     elif node.op == "call_function" and node.target in _FUNCTIONS:
         if node.kwargs.get("return_indices", False) is not False or len(node.args) > 6:
             return None, "return_indices=True: the indices are an output"
