@@ -3,7 +3,7 @@
 import pytest
 
 from fxfuse.fusion.plan import SiteData
-from fxfuse.fusion.regions import ranking
+from fxfuse.fusion.regions import ranking, time_model
 from fxfuse.fusion.regions.costs import LinkCost, Profile, RegionCost
 
 
@@ -27,8 +27,8 @@ def _profile():
 
 @pytest.fixture
 def unweighted(monkeypatch):
-    """Regions costed by their FLOPs alone, as the per-site upgrades are (the ordering logic)."""
-    monkeypatch.setattr(ranking, "REGION_FLOP_COST", 1.0)
+    """Regions costed by their ops' time alone, as the per-site upgrades are (the ordering logic)."""
+    monkeypatch.setattr(ranking, "REGION_TIME_COST", 1.0)
 
 
 def test_one_list_cheapest_first_and_a_link_after_its_regions(unweighted):
@@ -67,13 +67,46 @@ def test_a_functional_site_belongs_to_its_blocks_scope():
     assert not ranking.site_in_region(("layer1.01.conv1",), region)
 
 
-def test_region_flops_weigh_more_than_a_sites():
-    """A region's recompute FLOP costs REGION_FLOP_COST times a site's (measured): region "a"
-    at 10 FLOP/B ranks after an upgrade at 20 FLOP/B, and the displayed ratio stays its own."""
+def test_region_time_weighs_more_than_a_sites(monkeypatch):
+    """A region's recompute second costs REGION_TIME_COST times a site's (measured): at 2.5, region "a"
+    at 10 FLOP/B ranks after an upgrade at 20 FLOP/B; at 1.5 before it. The displayed ratio stays its own."""
     upgrade, _ = _upgrade("c.conv1", "c.bn1", 20.0)
+    monkeypatch.setattr(ranking, "REGION_TIME_COST", 2.5)
     ranked = ranking.rank([upgrade], _profile())
     assert [e.name for e in ranked][:2] == ["c.conv1 + c.bn1", "a"]
-    assert ranked[1].describe() == "10 FLOP/B"
+    assert ranked[1].describe() == f"10 FLOP/B, est. {2.5 * time_model.seconds(1000) * 1e3:.2f} ms"
+    monkeypatch.setattr(ranking, "REGION_TIME_COST", 1.5)
+    assert [e.name for e in ranking.rank([upgrade], _profile())][:2] == ["a", "c.conv1 + c.bn1"]
+
+
+def test_bytes_moved_cost_time_like_flops(unweighted):
+    """The time model prices what FLOPs miss: a chain of pointwise ops (0 FLOPs) that moves bytes is not
+    free, and a region whose recompute moves many bytes per byte it frees (BN statistics, BN-apply and
+    ReLU over a few channels at high resolution) ranks after one of the same FLOPs that moves few."""
+    moved_per_flop = time_model.SECONDS_PER_FLOP / time_model.SECONDS_PER_BYTE
+    flops = 100_000
+    busy = RegionCost(
+        "busy", "block", ("b.conv",), flops, 100, nodes=_nodes("b", 3), moved=int(2 * flops * moved_per_flop)
+    )
+    lean = RegionCost("lean", "block", ("l.conv",), flops, 100, nodes=_nodes("l", 3), moved=0)
+    chain = RegionCost("c.bn…c.relu", "chain", ("c.bn", "c.relu"), 0, 100, nodes=_nodes("c", 2), moved=400)
+    ranked = ranking.rank([], Profile([busy, lean, chain], [], {}))
+    assert [e.name for e in ranked] == ["c.bn…c.relu", "lean", "busy"]
+    assert ranked[0].seconds == pytest.approx(400 * time_model.SECONDS_PER_BYTE)
+    assert ranked[2].seconds == pytest.approx(3 * ranked[1].seconds, rel=1e-3)
+    assert ranked[0].describe().startswith("0 FLOP/B, 4.0 B moved/B, est. ")
+
+
+def test_an_upgrade_pays_for_the_bytes_its_recompute_moves(unweighted):
+    """Two upgrades at the same FLOPs per byte: the one whose conv reads and writes more per byte it
+    frees (few channels, high resolution) ranks second."""
+    few, _ = _upgrade("a.conv", "a.bn", 72.0)
+    many, _ = _upgrade("b.conv", "b.bn", 72.0)
+    few.site.recompute_bytes = 300
+    many.site.recompute_bytes = 0
+    assert [e.name for e in ranking.rank([few, many], None)] == ["b.conv + b.bn", "a.conv + a.bn"]
+    assert few.seconds == pytest.approx(time_model.seconds(7200, 300))
+    assert few.describe() == f"72 FLOP/B, 3.0 B moved/B, est. {few.seconds * 1e3:.2f} ms"
 
 
 def test_an_inner_region_gives_way_to_its_block(unweighted):
@@ -138,9 +171,9 @@ def test_what_a_region_encloses_and_costs_less_in_all_comes_before_it(unweighted
     three = ranking.select(ranked[:3], [pointwise], order)
     assert three.groups == (("s",),) and not three.upgrades
     assert [ranking.recompute_cost(ranking.select(ranked[:k], [pointwise], order)) for k in (1, 2, 3)] == [
-        1000,
-        3000,
-        10_000,
+        pytest.approx(time_model.seconds(1000)),
+        pytest.approx(time_model.seconds(3000)),
+        pytest.approx(time_model.seconds(10_000)),
     ]
 
 

@@ -311,9 +311,11 @@ def test_a_budget_recomputes_dense_layers_exactly_with_second_order_gradients():
 
     model = _dense_net()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
-    optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.25)
+    # At 0.25 the stem's conv upgrade suffices: on tensors this small, a region's per-op cost
+    # (regions/time_model.py) outweighs its few FLOPs. 0.15 needs two dense layers.
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.15)
     chosen = [r.name for r in optimized.fxfuse_report.regions]
-    assert any(".denselayer" in name for name in chosen), optimized.fxfuse_report
+    assert sum(".denselayer" in name for name in chosen) >= 2, optimized.fxfuse_report
     _assert_exact_to_second_order(model, optimized, x)
 
 

@@ -51,7 +51,7 @@ def test_the_choice_is_worded_from_data():
     choice = Choice(
         "budget",
         "budget 0.30×",
-        upgrades={("c1", "b1", "r1"): 22.4, ("c2", "b2"): None},
+        upgrades={("c1", "b1", "r1"): "22 FLOP/B, 2.0 B moved/B, est. 1.50 ms", ("c2", "b2"): "recompute cost unknown"},
         recomputed_regions=[RegionCost("blk", "block", ("blk.conv", "blk.b"), flops=5000, freed_bytes=300)],
         pointwise_only=frozenset({("b3", "r3")}),
         regions=[region],
@@ -68,7 +68,7 @@ def test_the_choice_is_worded_from_data():
     )
     report = render("memory", _found(), Plan(frozenset(), choice=choice), notes=("a device note",))
     reasons = [s.reason for s in report.fused]
-    assert reasons[0] == "budget 0.30×: 22 FLOP/B; keeps the conv input"
+    assert reasons[0] == "budget 0.30×: 22 FLOP/B, 2.0 B moved/B, est. 1.50 ms; keeps the conv input"
     assert reasons[1] == "budget 0.30×: recompute cost unknown"
     assert reasons[2] == (
         "budget 0.30×: inside recomputed region blk, pointwise form (its conv is recomputed once, by the region); r"

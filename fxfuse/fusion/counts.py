@@ -15,10 +15,12 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import measure
+from ..measure.traffic import OpCosts
 from . import install
 from .capture import Captures
 from .plan import Findings, Options, Plan
 from .regions import costs as region_costs
+from .regions import time_model
 from .regions.costs import Profile
 
 
@@ -41,12 +43,14 @@ class Counts:
     def plan_peak_parts(self, plan: Plan) -> measure.PeakParts:
         return measure.step_peak_parts_meta(self.model, self.inputs, prepare=self._prepare(plan))
 
-    def eager_step_flops(self) -> int:
-        """FLOPs of one eager train step (forward + backward), counted on a meta-device copy."""
+    def eager_step_seconds(self) -> float:
+        """One eager train step (forward + backward) as the time model prices it: its FLOPs, the bytes its
+        ops move and how many run, counted on a meta-device copy."""
         trial = measure.meta_copy(self.model)
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False) as counter, OpCosts() as traffic:
             measure.train_step(trial, measure.to_meta(self.inputs))
-        return counter.get_total_flops()
+        ops = sum(1 for op in traffic.ops if op.moved)
+        return time_model.seconds(counter.get_total_flops(), traffic.moved, ops)
 
     def profile(self, sites: frozenset) -> Optional[Profile]:
         """Region costs of the model fused with `sites` (the pointwise ones: what a region runs inside);

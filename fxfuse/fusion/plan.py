@@ -113,7 +113,7 @@ class Choice:
     policy: str  # "auto", "memory" or "budget"
     limit: str  # what decided, e.g. "budget 0.30×"
     auto_limit: Optional[float] = None  # mode="auto": the FLOP/B an upgrade may cost at most
-    upgrades: dict = field(default_factory=dict)  # names of each upgrade taken -> its FLOP/B (None: unknown)
+    upgrades: dict = field(default_factory=dict)  # names of each upgrade taken -> its cost, in words
     # The regions chosen (regions.costs.RegionCost: name, kind, modules), in ranking order: a site inside
     # one (site_in_region) runs in its pointwise form there.
     recomputed_regions: list = field(default_factory=list)

@@ -10,7 +10,8 @@ what it saves beyond that pointwise site.
 Below what per-site fusion reaches, whole *regions* (a residual block, or a run of
 nodes between blocks) keep only their inputs and run their forward again in backward,
 and *links* chain consecutive regions (fusion/regions/ranking.py). Upgrades, regions and links
-are ranked together by recompute FLOPs per byte freed, cheapest first, and every
+are ranked together by estimated recompute time per byte freed (regions/time_model.py: FLOPs
+for convs and matmuls, bytes moved for the rest), cheapest first, and every
 selection is a prefix of that one ranking, so a tighter budget never saves less:
 
 * `memory_budget=b`: the shortest prefix whose saved activations are at most b × eager's.
@@ -74,8 +75,8 @@ def device_notes(inputs) -> list[str]:
 def device_note(device: str) -> str:
     return (
         f"on {device}: the ranking's cost constants (auto's {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B limit, "
-        f"regions' {ranking.REGION_FLOP_COST}x cost per FLOP) were measured on CPU and are not calibrated "
-        f"for {device}; measure the chosen plan with `fxfuse bench --device {device}`"
+        f"the time model's FLOP and byte rates, regions' {ranking.REGION_TIME_COST}x) were measured on CPU and "
+        f"are not calibrated for {device}; measure the chosen plan with `fxfuse bench --device {device}`"
     )
 
 
@@ -461,17 +462,18 @@ def _say_nearest_cheaper(
 ) -> None:
     """Note the chosen plan's estimated cost and the longest shorter prefix estimated CHEAPER_BY faster."""
     try:
-        step_flops = counts.eager_step_flops()
-    except Exception:  # noqa: BLE001 - an estimate: left out where eager's FLOPs cannot be counted
+        step_seconds = counts.eager_step_seconds()
+    except Exception:  # noqa: BLE001 - an estimate: left out where eager's step cannot be counted
         return
-    if not step_flops:
+    if not step_seconds:
         return
-    costs = [ranking.estimated_time(s, step_flops) for s in selections[: k + 1]]
+    costs = [ranking.estimated_time(s, step_seconds) for s in selections[: k + 1]]
     eager = decision.eager_bytes
     here = f"{decision.selected_bytes / eager:.3f}× costs {costs[k]:.2f}×"
     how = (
         "saved activations and step time × eager's; times are estimates from the ranking's cost model "
-        f"(recompute FLOPs against eager's step FLOPs, a region's weighted {ranking.REGION_FLOP_COST}×): "
+        "(time_model.py: recompute FLOPs and bytes moved against eager's step's, "
+        f"a region's weighted {ranking.REGION_TIME_COST}×): "
         "measure with `fxfuse bench`"
     )
     cheaper = next((j for j in range(k - 1, -1, -1) if costs[j] <= costs[k] - CHEAPER_BY), None)
@@ -542,7 +544,7 @@ def choice_of(decision: Decision) -> Choice:
         decision.policy,
         limit,
         AUTO_MAX_FLOPS_PER_BYTE,
-        upgrades={c.site.names: c.flops_per_byte for c in in_effect if isinstance(c, Candidate)},
+        upgrades={c.site.names: c.describe() for c in in_effect if isinstance(c, Candidate)},
         recomputed_regions=regions,
         pointwise_only=frozenset(shares_layers & set(decision.fallback_names)),
         regions=[_region_choice(e, limit, decision.flat_links) for e in recomputed],

@@ -186,7 +186,7 @@ def _fused(site: SiteData, mode: str, choice: Optional[Choice]) -> FusedSite:
     why = None
     region = next((r for r in choice.recomputed_regions if site_in_region(site.names, r)), None)
     if site.names in choice.upgrades:
-        why = f"{choice.limit}: {_per_byte(choice.upgrades[site.names])}"
+        why = f"{choice.limit}: {choice.upgrades[site.names]}"
     elif region is not None:
         why = (
             f"{choice.limit}: inside recomputed region {region.name}, pointwise form "

@@ -110,6 +110,7 @@ def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
         op="fxfuse::conv_bn_act",
         saved_bytes=_saved_bytes(ctx, conv, bn, act),
         recompute_flops=estimates.conv_flops(ctx.shapes, conv.node, _weight_shape(conv, ctx), 1),
+        recompute_bytes=estimates.layer_moved(ctx.shapes, conv.node),
         reason=REASON,
     )
 

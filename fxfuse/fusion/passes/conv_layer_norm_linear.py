@@ -73,6 +73,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
         op="fxfuse::conv_layer_norm_linear",
         saved_bytes=None if None in saved else sum(saved),
         recompute_flops=_flops(ctx, conv_node, conv),
+        recompute_bytes=estimates.layer_moved(ctx.shapes, conv_node),
         reason="keeps the conv's input; runs the conv and the layer norm again in backward",
     )
 

@@ -38,6 +38,7 @@ class Site:
     saved_bytes: Optional[int] = None
     recompute_flops: Optional[int] = None
     reason: str = ""
+    recompute_bytes: Optional[int] = None  # bytes the recompute reads and writes (regions/time_model.py)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class FusionPass:
                 site.recompute_flops,
                 site.reason,
                 ctx.mode,
+                recompute_bytes=site.recompute_bytes,
             )
             new.meta[SITE_META] = data  # a later pass may merge the node and update its data
             ctx.found.sites.append(data)

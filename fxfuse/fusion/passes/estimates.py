@@ -37,3 +37,11 @@ def conv_flops(shapes: dict, conv_node: fx.Node, weight_shape, groups: int) -> O
         return None
     _, cin_per_group, kh, kw = weight_shape
     return 2 * out * cin_per_group * kh * kw
+
+
+def layer_moved(shapes: dict, node: fx.Node) -> Optional[int]:
+    """Bytes a conv or linear layer's recompute reads and writes: its input and its output (the weight
+    is small beside them)."""
+    source = node.args[0] if node.args else None
+    sizes = [nbytes(shapes, source) if isinstance(source, fx.Node) else None, nbytes(shapes, node)]
+    return None if None in sizes else sum(sizes)

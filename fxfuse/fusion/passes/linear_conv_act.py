@@ -71,6 +71,7 @@ def match(node: fx.Node, ctx: PassContext) -> Optional[Site]:
         op=f"fxfuse::{'conv' if kind == 'conv2d' else 'linear'}_act",
         saved_bytes=estimates.nbytes(ctx.shapes, node),
         recompute_flops=_flops(ctx, node, kind),
+        recompute_bytes=estimates.layer_moved(ctx.shapes, node),
         reason=f"keeps the {kind} input; recomputes the {kind} and activation in backward",
     )
 

@@ -15,6 +15,7 @@ input (the first one's output), which backward rebuilds by running the first aga
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -24,6 +25,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ...measure.memory import storage_key, tensors
+from ...measure.traffic import OpCosts
 from . import graph as region_graph
 
 # A chain (regions/graph.py) is a candidate when recomputing it costs at most this many FLOPs per byte
@@ -44,6 +46,8 @@ class RegionCost:
     freed_bytes: int  # saved for backward without it, less what it keeps (its inputs)
     parent: str = ""  # an inner region or a chain: the region it lies in (regions/graph.py)
     nodes: frozenset = frozenset()  # its nodes' names in the profiled graph: which regions contain which
+    moved: int = 0  # bytes its recompute reads and writes (measure/traffic.py)
+    ops: int = 0  # ops its recompute runs
 
 
 @dataclass
@@ -52,6 +56,8 @@ class LinkCost:
     second: str
     flops: int  # running `first` again to rebuild `second`'s input
     freed_bytes: int  # `second`'s input, no longer kept
+    moved: int = 0  # bytes running `first` again reads and writes
+    ops: int = 0
 
 
 @dataclass
@@ -69,6 +75,8 @@ class _NodeRecorder(fx.Interpreter):
         self.exclude = exclude
         self.current: Optional[fx.Node] = None
         self.flops: dict[fx.Node, int] = {}
+        self.moved: dict[fx.Node, int] = {}
+        self.ops: dict[fx.Node, int] = {}
         self.savers: dict[tuple, set] = {}
         self.outputs: dict[fx.Node, list[tuple]] = {}
         self.held: list[Any] = []  # every value stays alive, so no storage identity is reused
@@ -82,9 +90,11 @@ class _NodeRecorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False) as counter, OpCosts() as traffic:
             out = super().run_node(n)
         self.flops[n] = counter.get_total_flops()
+        self.moved[n] = traffic.moved
+        self.ops[n] = sum(1 for op in traffic.ops if op.moved)
         self.outputs[n] = [storage_key(t) for t in tensors(out)]
         self.held.append(out)
         return out
@@ -106,7 +116,12 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
     saved_anywhere = set(recorder.savers)
     minimum = CHAIN_MIN_SHARE * _bytes(saved_anywhere)
     costs, problems = [], {}
-    whole: dict[str, int] = {}  # a region's forward, its last conv included: what a link runs again
+    whole: dict[str, tuple[int, int, int]] = {}  # a region's forward, its last conv included: what a link runs again
+
+    def total(nodes) -> tuple[int, int, int]:
+        """FLOPs, bytes moved and ops of running `nodes` again."""
+        return tuple(sum(d.get(n, 0) for n in nodes) for d in (recorder.flops, recorder.moved, recorder.ops))
+
     for region in found:
         if region.problem is None and len(region.nodes) == everything:
             region.problem = "it is the whole graph: its recompute would hold all of eager's activations at once"
@@ -117,14 +132,16 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
         internal = {k for k, nodes in recorder.savers.items() if nodes <= inside}
         kept = {k for n in region.inputs for k in recorder.outputs.get(n, ()) if k not in exclude}
         freed = _bytes(internal - kept) - _bytes(kept - saved_anywhere)
-        whole[region.name] = sum(recorder.flops.get(n, 0) for n in region.nodes)
+        whole[region.name] = total(region.nodes)
         # A last conv the recompute stops before (region_graph.tail_conv) is not run again.
-        tail = recorder.flops.get(region.nodes[-1], 0) if region_graph.tail_conv(region.nodes[-1], modules) else 0
-        flops = whole[region.name] - tail
+        rerun = region.nodes[:-1] if region_graph.tail_conv(region.nodes[-1], modules) else region.nodes
+        flops, moved, ops = total(rerun)
         if region.kind == "chain" and not (minimum < freed and flops <= CHAIN_FLOPS_PER_BYTE * freed):
             continue  # a chain is offered for what costs almost nothing
         nodes = frozenset(n.name for n in region.nodes)
-        costs.append(RegionCost(region.name, region.kind, region.modules, flops, freed, region.parent, nodes))
+        costs.append(
+            RegionCost(region.name, region.kind, region.modules, flops, freed, region.parent, nodes, moved, ops)
+        )
     by_name = {r.name: r for r in found}
     links = []
     outer = [c for c in costs if not c.parent]
@@ -133,7 +150,8 @@ def profile(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> Profil
         if b.inputs != [a.output] or any(u not in b.nodes for u in a.output.users):
             continue
         freed = _bytes(k for k in set(recorder.outputs.get(a.output, ())) if k not in exclude)
-        links.append(LinkCost(first.name, second.name, whole[first.name], freed))
+        flops, moved, ops = whole[first.name]
+        links.append(LinkCost(first.name, second.name, flops, freed, moved, ops))
     return Profile(costs, links, problems)
 
 
@@ -150,11 +168,10 @@ def joined(parts: list[tuple[str, Profile]]) -> Profile:
             modules = tuple(_joined_name(path, m) if m else path for m in r.modules)
             parent = _joined_name(path, r.parent) if r.parent else ""
             nodes = frozenset(f"{path}/{n}" for n in r.nodes)
-            regions.append(
-                RegionCost(_joined_name(path, r.name), r.kind, modules, r.flops, r.freed_bytes, parent, nodes)
-            )
+            name = _joined_name(path, r.name)
+            regions.append(dataclasses.replace(r, name=name, modules=modules, parent=parent, nodes=nodes))
         for link in part.links:
             first, second = _joined_name(path, link.first), _joined_name(path, link.second)
-            links.append(LinkCost(first, second, link.flops, link.freed_bytes))
+            links.append(dataclasses.replace(link, first=first, second=second))
         problems.update({_joined_name(path, name): why for name, why in part.problems.items()})
     return Profile(regions, links, problems)

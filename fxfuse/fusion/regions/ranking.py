@@ -1,6 +1,7 @@
 """One ranking of everything that trades recompute for memory, and what a prefix of it selects.
 
-Three kinds of entries, all costed in recompute FLOPs per byte freed:
+Three kinds of entries, all costed in recompute time per byte freed (time_model.py: FLOPs for
+convs and matmuls, bytes moved for the rest):
 
 * an *upgrade*: a site recomputes its conv/linear (mode="memory" form) instead of only
   pointwise work; worth the bytes it saves beyond the pointwise form;
@@ -12,8 +13,8 @@ Three kinds of entries, all costed in recompute FLOPs per byte freed:
 * a *link*: two consecutive chosen regions become one chain, so the second no longer
   keeps its input; costs running the first again.
 
-Entries are sorted by FLOPs per byte, cheapest first (a region's or link's FLOPs weighted
-by REGION_FLOP_COST, their measured extra time per FLOP); a link never comes before its two
+Entries are sorted by estimated seconds per byte, cheapest first (a region's or link's time
+weighted by REGION_TIME_COST, its measured extra cost); a link never comes before its two
 regions. A region is preceded by what it encloses (inner regions, chains, site upgrades)
 even where those cost more per byte: a whole CSP stage frees more per FLOP than any of its
 bottlenecks, but a budget that needs a tenth of its bytes is met by one bottleneck, at a
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from ..plan import SiteData, site_in_region
+from . import time_model
 from .costs import LinkCost, Profile, RegionCost
 
 
@@ -45,10 +47,35 @@ class Candidate:
     def name(self) -> str:
         return " + ".join(self.site.names)
 
+    @property
+    def seconds(self) -> Optional[float]:
+        """Its recompute's estimated time: the layer's FLOPs, and the bytes its recompute reads and writes (inside
+        the fused op's backward: no op of its own to dispatch)."""
+        if self.flops_per_byte is None:
+            return None
+        return time_model.seconds(self.flops_per_byte * (self.marginal_bytes or 0), self.site.recompute_bytes or 0)
+
+    @property
+    def seconds_per_byte(self) -> Optional[float]:
+        if self.flops_per_byte is None:
+            return None
+        if not self.marginal_bytes:  # sized from the layer's weight alone (policy._intrinsic_flops_per_byte)
+            return self.flops_per_byte * time_model.SECONDS_PER_FLOP
+        return self.seconds / self.marginal_bytes
+
     def describe(self) -> str:
         if self.flops_per_byte is None:
             return "recompute cost unknown"
-        return f"{self.flops_per_byte:.0f} FLOP/B"
+        return _described(self.flops_per_byte, self.site.recompute_bytes, self.marginal_bytes, self.seconds)
+
+
+def _described(flops_per_byte: float, moved: Optional[int], freed: Optional[int], seconds: Optional[float]) -> str:
+    parts = [f"{flops_per_byte:.0f} FLOP/B"]
+    if moved and freed:
+        parts.append(f"{moved / freed:.1f} B moved/B")
+    if seconds and freed:
+        parts.append(f"est. {seconds * 1e3:.2f} ms")
+    return ", ".join(parts)
 
 
 @dataclass
@@ -58,7 +85,7 @@ class RegionCandidate:
     cost: Union[RegionCost, LinkCost]
     kind: str  # "region" or "link"
     flops_per_byte: float
-    sort_key: float = 0.0  # a link sorts after its two regions
+    sort_key: float = 0.0  # weighted seconds per byte freed; a link sorts after its two regions
 
     @property
     def name(self) -> str:
@@ -68,8 +95,13 @@ class RegionCandidate:
     def marginal_bytes(self) -> int:
         return self.cost.freed_bytes
 
+    @property
+    def seconds(self) -> float:
+        """Its recompute's estimated time, weighted by REGION_TIME_COST."""
+        return REGION_TIME_COST * time_model.seconds(self.cost.flops, self.cost.moved, self.cost.ops)
+
     def describe(self) -> str:
-        return f"{self.flops_per_byte:.0f} FLOP/B"
+        return _described(self.flops_per_byte, self.cost.moved, self.cost.freed_bytes, self.seconds)
 
 
 Entry = Union[Candidate, RegionCandidate]
@@ -85,21 +117,19 @@ def _overlaps(a: RegionCost, b: RegionCost) -> bool:
     return bool(a.nodes & b.nodes) and not (a.nodes <= b.nodes or b.nodes <= a.nodes)
 
 
-# A FLOP recomputed by a region costs more time than one recomputed inside a fused site: the
-# region's forward runs again op by op under checkpoint, allocating and recording every
-# intermediate, while a site recomputes one conv into a buffer its backward then overwrites.
-# Measured on ResNet-50 (batch 8, 224², CPU): regions at memory_budget=0.3 added 0.27× of
-# eager's step time for 40 GFLOP, mode="memory"'s sites 0.17× for 65.6 GFLOP: 2.6× per FLOP.
-# Regions and links are ranked by their FLOPs per byte times this factor.
-REGION_FLOP_COST = 2.6
+# What a region's recompute costs against the time model's price of its forward: it runs again op by op
+# under checkpoint, recording autograd's graph and allocating every intermediate afresh. Measured with
+# benchmarks/time_model.py (docs/memory_budgets.md#the-time-model): over four ResNet-50 blocks and four
+# DLA-34 stages, checkpoint added 0.97x and 1.04x (two runs) of what the model prices their forward at,
+# so 1. Under the FLOP-only cost this replaced, it was 2.6: pointwise work (BN statistics and apply,
+# activations, adds), which counts no FLOP, made regions look cheaper than they run.
+REGION_TIME_COST = 1.0
 
 
-def weighted_flops(e: Entry) -> Optional[float]:
-    """What the entry recomputes on its own, in site FLOPs: a site's FLOPs, a region's or a link's
-    weighted by REGION_FLOP_COST; None for a site whose cost is unknown."""
-    if isinstance(e, Candidate):
-        return None if e.flops_per_byte is None else e.flops_per_byte * (e.marginal_bytes or 0)
-    return REGION_FLOP_COST * e.cost.flops
+def weighted_seconds(e: Entry) -> Optional[float]:
+    """What the entry recomputes on its own, in estimated seconds (a region's or a link's weighted by
+    REGION_TIME_COST); None for a site whose cost is unknown."""
+    return e.seconds
 
 
 def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
@@ -109,19 +139,21 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
     if profile is not None:
         for cost in profile.regions:
             if cost.freed_bytes > 0:
-                ratio = cost.flops / cost.freed_bytes
-                entries.append(RegionCandidate(cost, "region", ratio, ratio * REGION_FLOP_COST))
-                region_keys[cost.name] = ratio * REGION_FLOP_COST
+                region = RegionCandidate(cost, "region", cost.flops / cost.freed_bytes)
+                region.sort_key = region.seconds / cost.freed_bytes
+                entries.append(region)
+                region_keys[cost.name] = region.sort_key
         for link in profile.links:
             if link.freed_bytes > 0 and link.first in region_keys and link.second in region_keys:
-                ratio = link.flops / link.freed_bytes
-                key = max(ratio * REGION_FLOP_COST, region_keys[link.first], region_keys[link.second])
-                entries.append(RegionCandidate(link, "link", ratio, key))
+                candidate = RegionCandidate(link, "link", link.flops / link.freed_bytes)
+                own = candidate.seconds / link.freed_bytes
+                candidate.sort_key = max(own, region_keys[link.first], region_keys[link.second])
+                entries.append(candidate)
 
     def key(e: Entry):
         if isinstance(e, Candidate):
-            unknown = e.flops_per_byte is None
-            return (unknown, e.flops_per_byte or 0.0, 0, -(e.marginal_bytes or 0))
+            unknown = e.seconds_per_byte is None
+            return (unknown, e.seconds_per_byte or 0.0, 0, -(e.marginal_bytes or 0))
         return (False, e.sort_key, 1 if e.kind == "link" else 0, -e.marginal_bytes)
 
     entries.sort(key=key)
@@ -135,8 +167,8 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
             within = site_in_region(e.site.names, outer.cost)
         else:
             within = e.kind == "region" and encloses(outer.cost, e.cost)
-        cost = weighted_flops(e)
-        return within and cost is not None and cost < weighted_flops(outer)
+        cost = weighted_seconds(e)
+        return within and cost is not None and cost < weighted_seconds(outer)
 
     def emit(i: int) -> None:
         e = entries[i]
@@ -207,19 +239,13 @@ def estimated_gain(selection: Selection) -> int:
     )
 
 
-# What a FLOP recomputed inside a fused site costs, in eager step FLOPs: on ResNet-50 (batch 8, 224²,
-# CPU) mode="memory"'s sites added 0.17× of eager's step time for 65.6 GFLOP, on a step of 196 GFLOP
-# (FlopCounterMode over forward + backward): 0.17 × 196 / 65.6 ≈ 0.5. A region's FLOP costs
-# REGION_FLOP_COST times that. Only the estimates in the report use it, not the ranking.
-SITE_FLOP_STEP_COST = 0.5
-
-
 def recompute_cost(selection: Selection) -> float:
-    """The selection's recompute FLOPs, a region's (and a nested link's) weighted by REGION_FLOP_COST."""
+    """The selection's estimated recompute seconds, a region's (and a nested link's) weighted by REGION_TIME_COST."""
     nested = [link for link in selection.links if (link.cost.first, link.cost.second) not in selection.flat_links]
-    return sum(weighted_flops(e) or 0.0 for e in [*selection.upgrades, *selection.regions, *nested])
+    return sum(weighted_seconds(e) or 0.0 for e in [*selection.upgrades, *selection.regions, *nested])
 
 
-def estimated_time(selection: Selection, step_flops: int) -> float:
-    """Estimated step time of the selection, as a multiple of eager's, from the ranking's cost model."""
-    return 1.0 + SITE_FLOP_STEP_COST * recompute_cost(selection) / step_flops
+def estimated_time(selection: Selection, step_seconds: float) -> float:
+    """Estimated step time of the selection, as a multiple of eager's, whose step the time model puts at
+    `step_seconds` (counts.Counts.eager_step_seconds)."""
+    return 1.0 + recompute_cost(selection) / step_seconds
