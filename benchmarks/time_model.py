@@ -1,6 +1,7 @@
 """Measure the constants of the budget policy's time model (fxfuse/fusion/regions/time_model.py).
 
     python benchmarks/time_model.py [--models torchvision.models:resnet50,timm:dla34] [--batch 8] [--size 224]
+        [--region-models torchvision.models:resnet50,timm:dla34,torchvision.models:efficientnet_b0]
 
 Times every op of train steps (eager, and fxfuse at mode="memory", so that its fused ops are
 measured too) on real tensors, channels_last, float32, with `fxfuse.measure.traffic.OpCosts`,
@@ -13,10 +14,11 @@ pooling: the smallest give the cost per op, the large ones the cost per byte), t
 the rest with their bytes' and op's share taken out. Prints the constants, and for each model the
 step time the model predicts against the one measured.
 
-Then REGION_TIME_COST (fusion/regions/ranking.py): for blocks of each model (fused in the pointwise
-form a recompute region runs), the time a train step of the block takes under non-reentrant
-`torch.utils.checkpoint` (what a region runs under) beyond its plain step, against what the time
-model prices its forward at. Run it with nothing else on the machine.
+Then REGION_TIME_COST (fusion/regions/ranking.py): for four blocks of each --region-models model (fused
+in the pointwise form a recompute region runs), the time a train step of the block takes under
+non-reentrant `torch.utils.checkpoint` (what a region runs under) beyond its plain step, against what
+the time model prices its forward at; the factor is the geometric mean of those ratios. Run it with
+nothing else on the machine.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from fxfuse.measure.traffic import OpCosts
 BLOCKS = {
     "torchvision.models:resnet50": ["layer1.1", "layer2.1", "layer3.1", "layer4.1"],
     "timm:dla34": ["level1", "level2", "level3", "level4"],
+    "torchvision.models:efficientnet_b0": ["features.2.1", "features.3.1", "features.4.1", "features.6.1"],
 }
 
 
@@ -121,6 +124,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--region-models", default="torchvision.models:resnet50,timm:dla34,torchvision.models:efficientnet_b0"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     measured = {}
@@ -145,15 +151,16 @@ def main(argv=None) -> None:
             f"model {model_time * 1e3:.0f} ms ({model_time / total:.2f}x)"
         )
     print(f"regions, priced with time_model.py's constants ({time_model.__file__}):")
-    added = priced = 0.0
-    for spec in args.models.split(","):
+    ratios = []
+    for spec in args.region_models.split(","):
         x = torch.randn(args.batch, 3, args.size, args.size).to(memory_format=torch.channels_last)
         model = _model(spec).to(memory_format=torch.channels_last)
         for path, extra, price in region_overheads(model, x, BLOCKS.get(spec, [])):
-            added, priced = added + extra, priced + price
+            ratios.append(extra / price)
             print(f"  {spec} {path}: checkpoint adds {extra * 1e3:.1f} ms, its forward priced {price * 1e3:.1f} ms")
-    if priced:
-        print(f"REGION_TIME_COST = {added / priced:.2f}  # what checkpoint adds, over the priced forward, summed")
+    if ratios:
+        factor = statistics.geometric_mean(max(r, 1e-3) for r in ratios)
+        print(f"REGION_TIME_COST = {factor:.2f}  # geometric mean of {len(ratios)} blocks' ratios")
 
 
 if __name__ == "__main__":

@@ -50,3 +50,22 @@ def test_timed_ops_on_real_tensors():
     with OpCosts() as untimed:
         a @ a
     assert untimed.ops[0].seconds is None
+
+
+def test_a_grouped_conv_backward_costs_its_forward_per_gradient():
+    """torch's formula counts a depthwise conv's weight gradient as a dense conv's (32 groups: 33x the forward
+    for both gradients); here each gradient costs the forward's FLOPs."""
+    x = torch.empty(2, 32, 16, 16, device="meta", requires_grad=True)
+    w = torch.empty(32, 1, 3, 3, device="meta", requires_grad=True)
+    y = F.conv2d(x, w, padding=1, groups=32)
+    forward = 2 * (2 * 32 * 16 * 16) * 9
+    with OpCosts() as costs:
+        y.sum().backward()
+    [conv] = [op for op in costs.ops if op.name == "aten.convolution_backward.default"]
+    assert conv.flops == 2 * forward
+    x.grad = w.grad = None
+    y = F.conv2d(x, w.detach(), padding=1, groups=32)
+    with OpCosts() as costs:
+        y.sum().backward()
+    [conv] = [op for op in costs.ops if op.name == "aten.convolution_backward.default"]
+    assert conv.flops == forward

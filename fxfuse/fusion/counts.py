@@ -12,7 +12,6 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from .. import measure
 from ..measure.traffic import OpCosts
@@ -47,10 +46,10 @@ class Counts:
         """One eager train step (forward + backward) as the time model prices it: its FLOPs, the bytes its
         ops move and how many run, counted on a meta-device copy."""
         trial = measure.meta_copy(self.model)
-        with FlopCounterMode(display=False) as counter, OpCosts() as traffic:
+        with OpCosts() as traffic:
             measure.train_step(trial, measure.to_meta(self.inputs))
         ops = sum(1 for op in traffic.ops if op.moved)
-        return time_model.seconds(counter.get_total_flops(), traffic.moved, ops)
+        return time_model.seconds(traffic.flops, traffic.moved, ops)
 
     def profile(self, sites: frozenset) -> Optional[Profile]:
         """Region costs of the model fused with `sites` (the pointwise ones: what a region runs inside);

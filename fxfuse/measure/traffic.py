@@ -2,10 +2,12 @@
 
 `OpCosts` is a TorchDispatchMode that notes, for every op that runs under it, the FLOPs
 torch's FlopCounterMode formulas give it (convs, matmuls and fxfuse's ops that have one;
-pointwise ops count none) and the bytes it moves: every tensor it reads (its tensor
-arguments) and writes (its outputs). That is a roofline count: an op that streams its
-operands once moves exactly that, and a conv or matmul that re-reads them from cache is
-priced by its FLOPs. Views and shape-only ops move nothing. On the meta device this costs
+pointwise ops count none; `aten.convolution_backward` is counted here as its forward for each
+gradient it computes, since torch's formula counts a grouped conv's weight gradient as if it had
+one group: a depthwise conv's backward came to 33× its forward) and the bytes it moves: every
+tensor it reads (its tensor arguments) and writes (its outputs). That is a roofline count: an op
+that streams its operands once moves exactly that, and a conv or matmul that re-reads them from
+cache is priced by its FLOPs. Views and shape-only ops move nothing. On the meta device this costs
 no compute, so the budget policy can price a recompute before running anything
 (fusion/regions/time_model.py); with `timed=True` on real tensors it also times each op,
 which is how `benchmarks/time_model.py` measures the constants of that model.
@@ -56,6 +58,17 @@ def _tensor_bytes(obj: Any) -> int:
     return sum(math.prod(t.shape) * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
+def _conv_backward_flops(grad_out, input, weight, *args, out_val=None, **kwargs) -> int:
+    """Each gradient computed (input, weight) costs the forward's multiply-adds; a grouped conv's forward has
+    `weight.shape[1]` input channels per output, so groups are counted."""
+    output_mask = args[-1] if args else kwargs["output_mask"]
+    forward = 2 * math.prod(grad_out.shape) * math.prod(weight.shape[1:])
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
+
+
+_FLOPS = {torch.ops.aten.convolution_backward: _conv_backward_flops}
+
+
 def moves_nothing(func) -> bool:
     """Views alias their input; allocation and metadata ops touch no data."""
     return bool(getattr(func, "is_view", False)) or func.__name__.split(".")[0] in _NO_TRAFFIC
@@ -85,8 +98,12 @@ class OpCosts(TorchDispatchMode):
         start = time.perf_counter() if self.timed else 0.0
         out = func(*args, **kwargs)
         seconds = time.perf_counter() - start if self.timed else None
+        own = _FLOPS.get(func._overloadpacket)
         counter = self._registry.get(func._overloadpacket)
-        flops = int(counter(*args, **kwargs, out_val=out)) if counter is not None else 0
+        if own is not None:
+            flops = own(*args, **kwargs, out_val=out)
+        else:
+            flops = int(counter(*args, **kwargs, out_val=out)) if counter is not None else 0
         moved = 0 if moves_nothing(func) else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
         self.ops.append(OpCost(str(func), flops, moved, seconds))
         return out

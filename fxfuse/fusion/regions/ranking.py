@@ -118,12 +118,12 @@ def _overlaps(a: RegionCost, b: RegionCost) -> bool:
 
 
 # What a region's recompute costs against the time model's price of its forward: it runs again op by op
-# under checkpoint, recording autograd's graph and allocating every intermediate afresh. Measured with
-# benchmarks/time_model.py (docs/memory_budgets.md#the-time-model): over four ResNet-50 blocks and four
-# DLA-34 stages, checkpoint added 0.97x and 1.04x (two runs) of what the model prices their forward at,
-# so 1. Under the FLOP-only cost this replaced, it was 2.6: pointwise work (BN statistics and apply,
-# activations, adds), which counts no FLOP, made regions look cheaper than they run.
-REGION_TIME_COST = 1.0
+# under checkpoint, recording autograd's graph and writing every intermediate into fresh memory.
+# Measured with benchmarks/time_model.py (docs/memory_budgets.md#the-time-model): a checkpointed train
+# step of a block costs 0.7-1.9x its priced forward beyond the plain step on ResNet-50's and DLA-34's
+# blocks, 2.0-6.5x on EfficientNet-B0's (depthwise convs, squeeze-excite); the geometric mean of the
+# twelve is 1.5. Under the FLOP-only cost this replaced it was 2.6, pointwise work included.
+REGION_TIME_COST = 1.5
 
 
 def weighted_seconds(e: Entry) -> Optional[float]:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 # benchmarks/time_model.py, 2026-11-26, 2 threads of an AVX-512 AMD EPYC, float32, channels_last, batch 8 at
 # 224²: the fit priced the four train steps it was fitted on (ResNet-50 and DLA-34, eager and fxfuse) at
-# 0.97-1.05x of their ops' measured time. A byte moved costs about 7.5 FLOPs.
+# 0.95-1.07x of their ops' measured time (three runs: 435-450 GFLOP/s, 53-61 GB/s). A byte moved costs
+# about 7.5 FLOPs. EfficientNet-B0's ops run slower than priced (0.61x: its depthwise convs and
+# broadcast multiplies do not stream at these rates); regions.ranking.REGION_TIME_COST covers part.
 SECONDS_PER_FLOP = 2.22e-12  # 450 GFLOP/s
 SECONDS_PER_BYTE = 1.655e-11  # 60 GB/s read and written
 OP_SECONDS = 3.4e-6
