@@ -133,3 +133,21 @@ def test_a_chain_reaches_across_a_bottleneck_tail():
     inside.append(chains["stages.0.blocks.0.conv3.bn…stages.0.blocks.0.act3"])
     assert all(c.nodes < tail.nodes and c.flops == 0 for c in inside)
     assert tail.freed_bytes > sum(c.freed_bytes for c in inside) and 0 < tail.flops
+
+
+def test_a_region_moves_what_its_ops_read_and_write_and_a_link_reruns_all_of_its_first():
+    """Bytes moved (regions/time_model.py prices them): layer1.1 of a ResNet-18 runs two 3x3 convs on
+    64-channel activations, each reading one and writing one, besides its BN→ReLU, add and ReLU; a link
+    runs its first region again whole."""
+    x = torch.randn(2, 3, 64, 64)
+    profile = _profile(torchvision.models.resnet18(num_classes=10), x)
+    regions = {r.name: r for r in profile.regions}
+    block = regions["layer1.1"]
+    act = 2 * 64 * 16 * 16 * 4
+    assert block.moved > 4 * act and block.ops >= 4
+    link = next(link for link in profile.links if link.first == "layer1.0")
+    assert (link.flops, link.moved, link.ops) == (
+        regions["layer1.0"].flops,
+        regions["layer1.0"].moved,
+        regions["layer1.0"].ops,
+    )

@@ -1,13 +1,15 @@
-"""What recomputing a region costs (forward FLOPs) and frees (bytes saved for backward), measured once.
+"""What recomputing a region costs (forward FLOPs, bytes moved, ops) and frees (bytes saved for
+backward), measured once; time_model.py turns the costs into seconds.
 
 One forward of a meta-device copy, fused with pointwise sites only (what a chosen
 region runs inside), through an fx.Interpreter that notes for every node the FLOPs it
-runs (FlopCounterMode) and the storages autograd saves while it runs (the same unique
-storages `fxfuse.measure` counts). A region frees the storages saved only by its own
-nodes, less what it keeps: its inputs, where nothing else keeps them already.
+runs (FlopCounterMode), the bytes its ops read and write (measure/traffic.py) and the
+storages autograd saves while it runs (the same unique storages `fxfuse.measure` counts).
+A region frees the storages saved only by its own nodes, less what it keeps: its inputs,
+where nothing else keeps them already.
 
 A *chain* is kept as a candidate only where it costs next to nothing (CHAIN_FLOPS_PER_BYTE).
-A region whose last conv is not run again (regions/graph.py `tail_conv`) counts its FLOPs without it.
+A region whose last conv is not run again (regions/graph.py `tail_conv`) counts its costs without it.
 
 A *link* joins two consecutive regions into a chain: the second no longer keeps its
 input (the first one's output), which backward rebuilds by running the first again.
