@@ -57,7 +57,7 @@ def test_the_choice_is_worded_from_data():
         regions=[region],
         idle=[SiteData(("c5", "b5", "r5"), ("conv2d", "batch_norm2d", "relu"), "fxfuse::conv_bn_act")],
         rejected=[
-            Rejected(("c6", "b6"), ("conv2d", "batch_norm2d"), 300.0),
+            Rejected(("c6", "b6"), ("conv2d", "batch_norm2d"), 300.0, cost="300 FLOP/B, 2.0 B moved/B, est. 4.00 ms"),
             Rejected(("a→b",), ("link",), 12.0, True, 2_000_000, 4096),
         ],
         budget=0.3,
@@ -81,7 +81,7 @@ def test_the_choice_is_worded_from_data():
     assert skipped[2] == (
         "c6 + b6",
         "conv2d→batch_norm2d",
-        "recompute not chosen: 300 FLOP/B, the budget is met without it",
+        "recompute not chosen: 300 FLOP/B, 2.0 B moved/B, est. 4.00 ms, the budget is met without it",
     )
     assert skipped[3] == (
         "a→b",

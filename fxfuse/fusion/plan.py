@@ -104,6 +104,7 @@ class Rejected:
     region: bool = False
     recompute_flops: Optional[int] = None  # regions and links
     freed_bytes: Optional[int] = None  # regions and links
+    cost: str = ""  # its cost in words, as the ranking describes it (FLOP/B, bytes moved, estimated time)
 
 
 @dataclass

@@ -564,5 +564,13 @@ def choice_of(decision: Decision) -> Choice:
 
 def _rejected(entry: Entry) -> Rejected:
     if isinstance(entry, Candidate):
-        return Rejected(entry.site.names, entry.site.pattern, entry.flops_per_byte)
-    return Rejected((entry.name,), (entry.kind,), entry.flops_per_byte, True, entry.cost.flops, entry.marginal_bytes)
+        return Rejected(entry.site.names, entry.site.pattern, entry.flops_per_byte, cost=entry.describe())
+    return Rejected(
+        (entry.name,),
+        (entry.kind,),
+        entry.flops_per_byte,
+        True,
+        entry.cost.flops,
+        entry.marginal_bytes,
+        entry.describe(),
+    )

@@ -219,12 +219,13 @@ def _say_choice(report: FusionReport, choice: Choice) -> None:
     else:
         why = f"above the auto limit of {choice.auto_limit:.0f} FLOP/B"
     for c in choice.rejected:
+        cost = c.cost or _per_byte(c.flops_per_byte)
         if not c.region:
-            reason = f"recompute not chosen: {_per_byte(c.flops_per_byte)}, {why}"
+            reason = f"recompute not chosen: {cost}, {why}"
         else:
             kind = c.pattern[0]
             reason = (
-                f"{kind} not recomputed: {_per_byte(c.flops_per_byte)} ({format_flops(c.recompute_flops)} for "
+                f"{kind} not recomputed: {cost} ({format_flops(c.recompute_flops)} for "
                 f"{format_bytes(c.freed_bytes)}), {why}"
             )
         report.skipped.append(SkippedSite(c.names, pattern_text(c.pattern), reason))
