@@ -1,10 +1,11 @@
 """The time-model ranking against the FLOP-only one it replaced, timed in one process.
 
     python benchmarks/ranking_ab.py MODEL BUDGETS [ROUNDS]
-    python benchmarks/ranking_ab.py efficientnet_b0 0.45,0.4,0.35,0.3 7
-    python benchmarks/ranking_ab.py timm:dla34 0.45,0.4 7
+    python benchmarks/ranking_ab.py torchvision:efficientnet_b0 0.45,0.4,0.35,0.3 7
+    python benchmarks/ranking_ab.py timm.models.dla:dla34 0.45,0.4 7
 
-MODEL is a torchvision.models name or timm:NAME (random weights, batch 8, 224², channels_last).
+MODEL is a spec as `fxfuse bench` takes it (`torchvision:NAME` or `package.module:factory`; random
+weights, batch 8, 224², channels_last).
 For each budget, fxfuse.optimize(memory_budget=B) twice: with the time model's constants
 ("time"), and with bytes and ops priced at zero and regions weighted 2.6 ("flops"), which ranks
 exactly as the FLOP-only cost did. Where both select the same plan it is timed once ("both").
@@ -20,19 +21,11 @@ import sys
 import time
 
 import torch
-import torchvision
 
 import fxfuse
+from fxfuse.commands._common import load_model
 from fxfuse.fusion.regions import ranking, time_model
 from fxfuse.measure import saved_activation_bytes, train_step
-
-
-def _model(spec: str) -> torch.nn.Module:
-    if spec.startswith("timm:"):
-        import timm
-
-        return timm.create_model(spec[5:])
-    return getattr(torchvision.models, spec)()
 
 
 def _constants(per_byte: float, per_op: float, region: float) -> None:
@@ -49,7 +42,7 @@ def main(argv: list[str]) -> None:
     spec, budgets = argv[0], [float(b) for b in argv[1].split(",")]
     rounds = int(argv[2]) if len(argv) > 2 else 5
     torch.manual_seed(0)
-    eager = _model(spec).to(memory_format=torch.channels_last)
+    eager = load_model(spec).to(memory_format=torch.channels_last)
     x = torch.randn(8, 3, 224, 224).to(memory_format=torch.channels_last)
     current = (time_model.SECONDS_PER_BYTE, time_model.OP_SECONDS, ranking.REGION_TIME_COST)
     variants = [("eager", eager)]

@@ -1,7 +1,9 @@
 """Measure the constants of the budget policy's time model (fxfuse/fusion/regions/time_model.py).
 
-    python benchmarks/time_model.py [--models torchvision.models:resnet50,timm:dla34] [--batch 8] [--size 224]
-        [--region-models torchvision.models:resnet50,timm:dla34,torchvision.models:efficientnet_b0]
+    python benchmarks/time_model.py [--models torchvision:resnet50,timm.models.dla:dla34] [--batch 8] [--size 224]
+        [--region-models torchvision:resnet50,timm.models.dla:dla34,torchvision:efficientnet_b0]
+
+Models are specs as `fxfuse bench` takes them (`torchvision:NAME` or `package.module:factory`).
 
 Times every op of train steps (eager, and fxfuse at mode="memory", so that its fused ops are
 measured too) on real tensors, channels_last, float32, with `fxfuse.measure.traffic.OpCosts`,
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import statistics
 import time
 
@@ -33,25 +34,17 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import fxfuse
+from fxfuse.commands._common import load_model
 from fxfuse.fusion.regions import time_model
 from fxfuse.measure import train_step
 from fxfuse.measure.traffic import OpCosts
 
 # Blocks a budget recomputes as regions, by model (the first of each stage, and DLA's stages).
 BLOCKS = {
-    "torchvision.models:resnet50": ["layer1.1", "layer2.1", "layer3.1", "layer4.1"],
-    "timm:dla34": ["level1", "level2", "level3", "level4"],
-    "torchvision.models:efficientnet_b0": ["features.2.1", "features.3.1", "features.4.1", "features.6.1"],
+    "torchvision:resnet50": ["layer1.1", "layer2.1", "layer3.1", "layer4.1"],
+    "timm.models.dla:dla34": ["level1", "level2", "level3", "level4"],
+    "torchvision:efficientnet_b0": ["features.2.1", "features.3.1", "features.4.1", "features.6.1"],
 }
-
-
-def _model(spec: str) -> torch.nn.Module:
-    module, name = spec.rsplit(":", 1)
-    if module == "timm":
-        import timm
-
-        return timm.create_model(name)
-    return getattr(importlib.import_module(module), name)()
 
 
 def _timed_ops(model: torch.nn.Module, x: torch.Tensor, steps: int) -> list:
@@ -120,18 +113,18 @@ def region_overheads(model: torch.nn.Module, x: torch.Tensor, paths: list, repea
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="torchvision.models:resnet50,timm:dla34")
+    parser.add_argument("--models", default="torchvision:resnet50,timm.models.dla:dla34")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument(
-        "--region-models", default="torchvision.models:resnet50,timm:dla34,torchvision.models:efficientnet_b0"
+        "--region-models", default="torchvision:resnet50,timm.models.dla:dla34,torchvision:efficientnet_b0"
     )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     measured = {}
     for spec in args.models.split(","):
-        eager = _model(spec).to(memory_format=torch.channels_last)
+        eager = load_model(spec).to(memory_format=torch.channels_last)
         x = torch.randn(args.batch, 3, args.size, args.size).to(memory_format=torch.channels_last)
         fused = fxfuse.optimize(copy.deepcopy(eager), x, mode="memory")
         for label, model in (("eager", eager), ("fxfuse memory", fused)):
@@ -154,7 +147,7 @@ def main(argv=None) -> None:
     ratios = []
     for spec in args.region_models.split(","):
         x = torch.randn(args.batch, 3, args.size, args.size).to(memory_format=torch.channels_last)
-        model = _model(spec).to(memory_format=torch.channels_last)
+        model = load_model(spec).to(memory_format=torch.channels_last)
         for path, extra, price in region_overheads(model, x, BLOCKS.get(spec, [])):
             ratios.append(extra / price)
             print(f"  {spec} {path}: checkpoint adds {extra * 1e3:.1f} ms, its forward priced {price * 1e3:.1f} ms")

@@ -48,8 +48,7 @@ class Counts:
         trial = measure.meta_copy(self.model)
         with OpCosts() as traffic:
             measure.train_step(trial, measure.to_meta(self.inputs))
-        ops = sum(1 for op in traffic.ops if op.moved)
-        return time_model.seconds(traffic.flops, traffic.moved, ops)
+        return time_model.seconds(traffic.flops, traffic.moved, traffic.data_ops)
 
     def profile(self, sites: frozenset) -> Optional[Profile]:
         """Region costs of the model fused with `sites` (the pointwise ones: what a region runs inside);

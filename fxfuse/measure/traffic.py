@@ -93,6 +93,11 @@ class OpCosts(TorchDispatchMode):
     def moved(self) -> int:
         return sum(op.moved for op in self.ops)
 
+    @property
+    def data_ops(self) -> int:
+        """How many of the ops read or wrote data (views and allocations are not counted)."""
+        return sum(1 for op in self.ops if op.moved)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         start = time.perf_counter() if self.timed else 0.0

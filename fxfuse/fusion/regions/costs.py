@@ -96,7 +96,7 @@ class _NodeRecorder(fx.Interpreter):
             out = super().run_node(n)
         self.flops[n] = counter.get_total_flops()
         self.moved[n] = traffic.moved
-        self.ops[n] = sum(1 for op in traffic.ops if op.moved)
+        self.ops[n] = traffic.data_ops
         self.outputs[n] = [storage_key(t) for t in tensors(out)]
         self.held.append(out)
         return out

@@ -126,12 +126,6 @@ def _overlaps(a: RegionCost, b: RegionCost) -> bool:
 REGION_TIME_COST = 1.5
 
 
-def weighted_seconds(e: Entry) -> Optional[float]:
-    """What the entry recomputes on its own, in estimated seconds (a region's or a link's weighted by
-    REGION_TIME_COST); None for a site whose cost is unknown."""
-    return e.seconds
-
-
 def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
     """Upgrades (already sorted by policy.candidates), regions and links in one list, cheapest per byte first."""
     entries: list[Entry] = list(upgrades)
@@ -167,8 +161,7 @@ def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
             within = site_in_region(e.site.names, outer.cost)
         else:
             within = e.kind == "region" and encloses(outer.cost, e.cost)
-        cost = weighted_seconds(e)
-        return within and cost is not None and cost < weighted_seconds(outer)
+        return within and e.seconds is not None and e.seconds < outer.seconds
 
     def emit(i: int) -> None:
         e = entries[i]
@@ -242,7 +235,7 @@ def estimated_gain(selection: Selection) -> int:
 def recompute_cost(selection: Selection) -> float:
     """The selection's estimated recompute seconds, a region's (and a nested link's) weighted by REGION_TIME_COST."""
     nested = [link for link in selection.links if (link.cost.first, link.cost.second) not in selection.flat_links]
-    return sum(weighted_seconds(e) or 0.0 for e in [*selection.upgrades, *selection.regions, *nested])
+    return sum(e.seconds or 0.0 for e in [*selection.upgrades, *selection.regions, *nested])
 
 
 def estimated_time(selection: Selection, step_seconds: float) -> float:
