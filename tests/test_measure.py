@@ -68,3 +68,16 @@ def test_meta_copy_of_a_meta_model_shares_no_tensor_with_it():
     ours = {id(t) for t in (*model.parameters(), *model.buffers())}
     assert not ours & {id(t) for t in (*again.parameters(), *again.buffers())}
     assert all(t.is_meta for t in again.parameters())
+
+
+def test_median_step_times_varies_the_order_of_rounds_and_repeats_it():
+    def run():
+        calls = []
+        steps = {name: (lambda name=name: calls.append(name)) for name in "abcd"}
+        measure.median_step_times(steps, repeats=6, warmup=0)
+        return [tuple(calls[i : i + 4]) for i in range(0, 24, 4)]
+
+    rounds = run()
+    assert all(sorted(r) == list("abcd") for r in rounds)  # every variant once per round
+    assert rounds[0] == tuple("abcd") and len(set(rounds)) > 1  # not always the same order
+    assert run() == rounds  # a fixed seed: a rerun times the same sequence

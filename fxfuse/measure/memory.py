@@ -16,6 +16,7 @@ import contextlib
 import copy
 import gc
 import os
+import random
 import statistics
 import sys
 import time
@@ -259,12 +260,19 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def median_step_times(steps: dict[str, Callable[[], None]], repeats: int = 5, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per call of each function, calls interleaved so drift hits all alike."""
+    """Median seconds per call of each function, calls interleaved so drift hits all alike.
+
+    Each round runs the functions in a new order (a fixed seed, so a rerun repeats it): in a
+    fixed order each variant always follows the same one and inherits what that one left in
+    the allocator and caches."""
     for fn in steps.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in steps}
+    order = list(steps)
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for name, fn in steps.items():
-            times[name].append(timed(fn))
+        for name in order:
+            times[name].append(timed(steps[name]))
+        shuffle(order)
     return {name: statistics.median(ts) for name, ts in times.items()}
