@@ -19,6 +19,7 @@ from torch import Tensor
 from . import compiled
 from .act_linear import act_linear
 from .act_linear import eager as _act_linear_eager
+from .autograd_kernel import register_autograd
 from .checks import autocast_on, check_act, check_linear, linear_fusable, plain
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
@@ -106,4 +107,4 @@ def register() -> None:
     """Fake kernels and autograd of fxfuse::act_linear_scale (fxfuse._C defines the op)."""
     torch.library.register_fake("fxfuse::act_linear_scale", _fake)
     torch.library.register_fake("fxfuse::act_linear_scale_backward", _backward_fake)
-    torch.library.register_autograd("fxfuse::act_linear_scale", _bwd, setup_context=_setup)
+    register_autograd("fxfuse::act_linear_scale", _bwd, setup_context=_setup)

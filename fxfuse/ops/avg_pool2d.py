@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .checks import int_args, pool_input_ok
 
 __all__ = ["avg_pool2d"]
@@ -93,4 +94,4 @@ def _backward(ctx, grad_out):  # runs only where the input requires grad: the on
 def register() -> None:
     """Fake kernel and autograd of avg_pool2d (fxfuse._C defines the op)."""
     torch.library.register_fake("fxfuse::avg_pool2d", _fake)
-    torch.library.register_autograd("fxfuse::avg_pool2d", _backward, setup_context=_setup)
+    register_autograd("fxfuse::avg_pool2d", _backward, setup_context=_setup)

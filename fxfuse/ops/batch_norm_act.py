@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .checks import apply_activation, check_act, fused_call, kernels_apply, stats_like
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
@@ -201,5 +202,5 @@ def register() -> None:
         ("batch_norm_act", _batch_norm_act_fake),
     ):
         torch.library.register_fake(f"fxfuse::{name}", fake)
-    torch.library.register_autograd("fxfuse::bn_act", _bn_act_bwd, setup_context=_bn_act_setup)
-    torch.library.register_autograd("fxfuse::batch_norm_act", _batch_norm_act_bwd, setup_context=_batch_norm_act_setup)
+    register_autograd("fxfuse::bn_act", _bn_act_bwd, setup_context=_bn_act_setup)
+    register_autograd("fxfuse::batch_norm_act", _batch_norm_act_bwd, setup_context=_batch_norm_act_setup)

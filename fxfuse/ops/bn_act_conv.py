@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .batch_norm_act import batch_norm_act, batch_ok, normalize_act, update_running_stats
 from .checks import (
     _AUTOCAST_CASTS,
@@ -263,4 +264,4 @@ def register() -> None:
     """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops; FLOPs: ops/flops.py)."""
     torch.library.register_fake("fxfuse::bn_act_conv", _bn_act_conv_fake)
     torch.library.register_fake("fxfuse::bn_act_conv_backward", _bn_act_conv_backward_fake)
-    torch.library.register_autograd("fxfuse::bn_act_conv", _backward, setup_context=_setup)
+    register_autograd("fxfuse::bn_act_conv", _backward, setup_context=_setup)

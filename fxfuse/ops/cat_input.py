@@ -32,6 +32,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from .autograd_kernel import register_autograd
 from .batch_norm_act import batch_norm_act
 from .bn_act_conv import bn_act_conv
 from .conv2d import conv2d
@@ -184,4 +185,4 @@ def register() -> None:
         _LIB.impl(f"cat_{name}", kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(f"fxfuse::cat_{name}", kernel, lib=_LIB)
         setup, backward = _autograd(name)
-        torch.library.register_autograd(f"fxfuse::cat_{name}", backward, setup_context=setup, lib=_LIB)
+        register_autograd(f"fxfuse::cat_{name}", backward, setup_context=setup, lib=_LIB)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry, fused_call
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
@@ -87,4 +88,4 @@ def register() -> None:
     """Fake kernels and autograd of conv2d (fxfuse._C defines the ops)."""
     torch.library.register_fake("fxfuse::conv2d", _conv2d_fake)
     torch.library.register_fake("fxfuse::conv2d_backward", _conv2d_backward_fake)
-    torch.library.register_autograd("fxfuse::conv2d", _backward, setup_context=_setup)
+    register_autograd("fxfuse::conv2d", _backward, setup_context=_setup)

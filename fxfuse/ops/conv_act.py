@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .checks import IntPair, apply_activation, check_act, conv_backward_meta, conv_meta, fusable_conv_geometry
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
@@ -98,4 +99,4 @@ def register() -> None:
     """Fake kernels and autograd of fxfuse::conv_act (fxfuse._C defines the op)."""
     torch.library.register_fake("fxfuse::conv_act", _fake)
     torch.library.register_fake("fxfuse::conv_act_backward", _backward_fake)
-    torch.library.register_autograd("fxfuse::conv_act", _bwd, setup_context=_setup)
+    register_autograd("fxfuse::conv_act", _bwd, setup_context=_setup)

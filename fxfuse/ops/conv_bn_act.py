@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .batch_norm_act import batch_ok, normalize_act, update_running_stats
 from .checks import (
     IntPair,
@@ -158,4 +159,4 @@ def register() -> None:
     """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
     torch.library.register_fake("fxfuse::conv_bn_act", _conv_bn_act_fake)
     torch.library.register_fake("fxfuse::conv_bn_act_backward", _conv_bn_act_backward_fake)
-    torch.library.register_autograd("fxfuse::conv_bn_act", _backward, setup_context=_setup)
+    register_autograd("fxfuse::conv_bn_act", _backward, setup_context=_setup)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 from .layer_norm_linear import _backward_fake as _norm_linear_backward_fake
@@ -119,4 +120,4 @@ def register() -> None:
     """Fake kernels and autograd of the op (fxfuse._C defines it)."""
     torch.library.register_fake("fxfuse::conv_layer_norm_linear", _fake)
     torch.library.register_fake("fxfuse::conv_layer_norm_linear_backward", _backward_fake)
-    torch.library.register_autograd("fxfuse::conv_layer_norm_linear", _bwd, setup_context=_setup)
+    register_autograd("fxfuse::conv_layer_norm_linear", _bwd, setup_context=_setup)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .checks import fusable, plain
 from .higher_order import composed_gradients, differentiating
 
@@ -67,4 +68,4 @@ def register() -> None:
     """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
     torch.library.register_fake("fxfuse::gelu", _gelu_fake)
     torch.library.register_fake("fxfuse::gelu_backward", _gelu_backward_fake)
-    torch.library.register_autograd("fxfuse::gelu", _gelu_bwd, setup_context=_gelu_setup)
+    register_autograd("fxfuse::gelu", _gelu_bwd, setup_context=_gelu_setup)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .checks import autocast_on, check_linear, linear_fusable, plain
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
@@ -143,4 +144,4 @@ def register() -> None:
     """Fake kernels and autograd of the op (fxfuse._C defines it)."""
     torch.library.register_fake("fxfuse::layer_norm_linear", _fake)
     torch.library.register_fake("fxfuse::layer_norm_linear_backward", _backward_fake)
-    torch.library.register_autograd("fxfuse::layer_norm_linear", _bwd, setup_context=_setup)
+    register_autograd("fxfuse::layer_norm_linear", _bwd, setup_context=_setup)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .checks import check_act, check_linear, linear_fusable
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
@@ -67,4 +68,4 @@ def register_linear_op(op: str, compose: Callable) -> None:
 
     torch.library.register_fake(f"fxfuse::{op}", fake)
     torch.library.register_fake(f"fxfuse::{op}_backward", backward_fake)
-    torch.library.register_autograd(f"fxfuse::{op}", bwd, setup_context=setup)
+    register_autograd(f"fxfuse::{op}", bwd, setup_context=setup)

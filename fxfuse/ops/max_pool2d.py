@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
+from .autograd_kernel import register_autograd
 from .checks import int_args, pool_input_ok
 
 __all__ = ["max_pool2d"]
@@ -114,4 +115,4 @@ def register() -> None:
     """Fake kernels of max_pool2d and max_pool2d_indices, and max_pool2d's autograd (fxfuse._C defines the ops)."""
     torch.library.register_fake("fxfuse::max_pool2d", _fake)
     torch.library.register_fake("fxfuse::max_pool2d_indices", _indices_fake)
-    torch.library.register_autograd("fxfuse::max_pool2d", _backward, setup_context=_setup)
+    register_autograd("fxfuse::max_pool2d", _backward, setup_context=_setup)

@@ -1,0 +1,82 @@
+"""fxfuse/ops/autograd_kernel.py: the Autograd kernel torch.library.register_autograd would register,
+without filling the schema's defaults through torch._library.utils.fill_defaults on every call."""
+
+import pytest
+import torch
+from torch._library import utils as library_utils
+
+import fxfuse  # noqa: F401  (registers fxfuse's ops)
+from fxfuse import _extension, ops
+from fxfuse.ops.autograd_kernel import register_autograd
+
+_LIB = torch.library.Library("fxfuse_autograd_kernel_test", "DEF")
+_LIB.define("scale(Tensor x, Tensor[] others, float factor=2.0, *, float shift=0.0) -> Tensor")
+_LIB.define("broken(Tensor x) -> Tensor")
+_SEEN = []
+
+
+def _scale(x, others, factor=2.0, *, shift=0.0):
+    return x * factor + sum(others) + shift
+
+
+def _scale_setup(ctx, inputs, keyword_only_inputs, output):
+    _SEEN.append((inputs, keyword_only_inputs))
+    ctx.factor = inputs[2]
+
+
+def _scale_backward(ctx, grad):
+    return grad * ctx.factor, [grad] * len(ctx.needs_input_grad[1]), None
+
+
+_LIB.impl("scale", _scale, "CompositeExplicitAutograd")
+_LIB.impl("broken", lambda x: x.clone(), "CompositeExplicitAutograd")
+register_autograd("fxfuse_autograd_kernel_test::scale", _scale_backward, _scale_setup, lib=_LIB)
+register_autograd("fxfuse_autograd_kernel_test::broken", lambda ctx, g: (g, g), lambda ctx, inputs, output: None)
+_ops = torch.ops.fxfuse_autograd_kernel_test
+
+
+def test_setup_context_gets_the_defaults_the_dispatcher_dropped_and_gradients_reach_every_piece():
+    x, a, b = (torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    _SEEN.clear()
+    out = _ops.scale(x, [a, b])
+    ((inputs, keyword_only),) = _SEEN
+    assert inputs[2] == 2.0 and keyword_only == {"shift": 0.0}
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+    torch.testing.assert_close(a.grad, torch.ones_like(a))
+    torch.testing.assert_close(b.grad, torch.ones_like(b))
+    assert torch.autograd.gradcheck(lambda x, a: _ops.scale(x, [a], 3.0, shift=1.0), (x.detach().requires_grad_(), a))
+
+
+def test_without_grad_no_graph_and_no_setup():
+    x = torch.randn(3, requires_grad=True)
+    _SEEN.clear()
+    with torch.no_grad():
+        out = _ops.scale(x, [x])
+    assert out.grad_fn is None and not _SEEN
+    assert _ops.scale(torch.randn(3), [torch.randn(3)]).grad_fn is None
+
+
+def test_a_backward_with_the_wrong_number_of_gradients_raises():
+    out = _ops.broken(torch.randn(3, requires_grad=True))
+    with pytest.raises(RuntimeError, match="incorrect number of gradients"):
+        out.sum().backward()
+
+
+@pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
+def test_fxfuse_ops_train_without_filling_defaults_per_call(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("fill_defaults called")
+
+    monkeypatch.setattr(library_utils, "fill_defaults", refuse)
+    f64 = {"dtype": torch.float64}
+    x = torch.randn(2, 4, 6, 6, **f64, requires_grad=True)
+    pieces = [x[:, :2].detach().requires_grad_(), x[:, 2:].detach().requires_grad_()]
+    w = torch.randn(4, 4, 3, 3, **f64, requires_grad=True)
+    g, b = torch.ones(4, **f64, requires_grad=True), torch.zeros(4, **f64, requires_grad=True)
+    bn = (torch.zeros(4, **f64), torch.ones(4, **f64), g, b, True, 0.1, 1e-5, "relu", 0.0)
+    out = ops.bn_act_conv(x, *bn, w, None, 1, 1)
+    out = out + ops.bn_act_conv(torch.cat(pieces, 1), *bn, w, pieces=pieces)[:, :, 1:-1, 1:-1].sum()
+    out = ops.gelu(out, approximate="tanh")
+    out.sum().backward()
+    assert all(t.grad is not None for t in (x, *pieces, w, g, b))
