@@ -17,7 +17,17 @@ INTERNAL = {"bn_stats", "bn_act", "bn_act_", "bn_act_backward", "bn_act_backward
 # max_pool2d's backward rebuilds ATen's indices with it (ops/max_pool2d.py, generic/max_pool2d.cpp).
 INTERNAL |= {"max_pool2d_indices"}
 # What the op modules share (fxfuse/ops/__init__.py says what each holds).
-SHARED = {"__init__", "activations", "checks", "compiled", "flops", "higher_order", "linear_common", "routing"}
+SHARED = {
+    "__init__",
+    "activations",
+    "autograd_kernel",
+    "checks",
+    "compiled",
+    "flops",
+    "higher_order",
+    "linear_common",
+    "routing",
+}
 # The cat_ variants of four ops (their input's concatenated pieces kept instead): defined in Python over
 # the base ops' kernels and autograd, so one family named cat_input in every layer and no generic .cpp.
 CAT_VARIANTS = {f"cat_{base}" for base in ("batch_norm_act", "conv_bn_act", "bn_act_conv", "conv2d")}
