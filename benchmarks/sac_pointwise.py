@@ -123,11 +123,12 @@ def main() -> None:
         ),
         f"fxfuse memory_budget={args.budget:g}": fxfuse.optimize(copy.deepcopy(base), (x,), memory_budget=args.budget),
     }
-    held = memory.forward_allocated_bytes(base, (x,))
-    peak = memory.step_allocated_peak_bytes(lambda: memory.train_step(base, (x,)))
     print(f"{args.model}, 8x3x224x224, channels_last, float32; checkpointed: {','.join(blocks)}")
+    # Before any step: eager and the checkpointed copy start from the same buffers.
     grads, buffers = _largest_differences(base, variants["pointwise recompute, eager ops"])
     print(f"largest float64 differences from eager: gradients {grads:.3g}, buffers {buffers:.3g}")
+    held = memory.forward_allocated_bytes(base, (x,))
+    peak = memory.step_allocated_peak_bytes(lambda: memory.train_step(base, (x,)))
     for name, model in variants.items():
         memory.train_step(model, (x,))
         h = memory.forward_allocated_bytes(model, (x,)) / held
