@@ -34,9 +34,9 @@ def _define(lib: torch.library.Library) -> dict[str, object]:
         ("fxfuse", lambda q: register_autograd(q, _backward, _setup, lib=lib)),
     ):
         lib.define(f"{name}({schema}")
-        lib.impl(name, lambda *args: torch.ops.fxfuse.bn_act_conv.default(*args), "CompositeExplicitAutograd")
+        lib.impl(name, torch.ops.fxfuse.bn_act_conv.default, "CompositeExplicitAutograd")
         register(f"{lib.ns}::{name}")
-        ops[name] = getattr(torch.ops.fxfuse_bench_autograd, name)
+        ops[name] = getattr(getattr(torch.ops, lib.ns), name)
     return ops
 
 

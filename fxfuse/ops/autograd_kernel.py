@@ -43,7 +43,7 @@ _LIBS: dict[str, torch.library.Library] = {}
 def register_autograd(
     qualname: str, backward: Callable, setup_context: Callable, lib: Optional[torch.library.Library] = None
 ) -> None:
-    """`register_autograd(qualname, backward, setup_context=setup_context, lib=lib)`."""
+    """What `torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=lib)` does."""
     op = library_utils.lookup_op(qualname)
     schema = op._schema
     arguments = list(schema.arguments)
@@ -54,11 +54,14 @@ def register_autograd(
     n_positional = len(positional)
     tensorlist = any(library_utils.is_tensorlist_like_type(a.type) for a in (*arguments, *schema.returns))
 
+    def below_autograd(keyset, args, kwargs):
+        with _C._AutoDispatchBelowAutograd():
+            return op.redispatch(keyset & _C._after_autograd_keyset, *args, **kwargs)
+
     def forward(ctx, *args):
         *args, call = args
-        keyset, kwargs = call.keyset, call.kwargs
-        with _C._AutoDispatchBelowAutograd():
-            result = op.redispatch(keyset & _C._after_autograd_keyset, *args, **kwargs)
+        kwargs = call.kwargs
+        result = below_autograd(call.keyset, args, kwargs)
         # The dispatcher drops trailing arguments equal to their defaults: setup_context gets them all.
         inputs = (*args, *defaults[len(args) :])
         if keyword_only:
@@ -97,8 +100,7 @@ def register_autograd(
     def kernel(keyset, *args, **kwargs):
         if _C.is_grad_enabled() and _C._any_requires_grad(*args):
             return function.apply(*args, _Call(keyset, kwargs))
-        with _C._AutoDispatchBelowAutograd():
-            return op.redispatch(keyset & _C._after_autograd_keyset, *args, **kwargs)
+        return below_autograd(keyset, args, kwargs)
 
     namespace, opname = library_utils.parse_namespace(qualname)
     if lib is None:
