@@ -4,17 +4,18 @@ activation_memory_budget=0.5 plan does on DLA-34, in eager, with a selective che
     python benchmarks/sac_pointwise.py [--model timm.models.dla:dla34] [--blocks base_layer,level0,...,level5]
         [--budget 0.45] [--rounds 9]
 
-The listed top-level children run as one non-reentrant `torch.utils.checkpoint` whose
-selective-checkpoint policy keeps the output of every op with a FLOP formula (convolutions,
-matmuls, fxfuse's conv and linear ops: `torch.utils.flop_counter.flop_registry`) and recomputes
-every other op in backward; the modules' buffers are swapped for copies during the recompute, as
-fxfuse's regions do, so running statistics are updated once. Variants, in one process, model and
-input channels_last, batch 8 at 224²: eager; the checkpoint around eager's modules; the checkpoint
-around `fxfuse.optimize(model, mode="fast")` (fxfuse's pointwise kernels inside); and
+The listed top-level children run as one non-reentrant `torch.utils.checkpoint` whose selective-
+checkpoint policy keeps the output of every op with a FLOP formula (convolutions, matmuls, fxfuse's
+conv and linear ops: `torch.utils.flop_counter.flop_registry`) and recomputes every other op in
+backward; the modules' buffers are swapped for copies during the recompute by fxfuse's regions' own
+swap (`regions.recompute`), so running statistics are updated once. Variants, in one process, model
+and input channels_last, batch 8 at 224²: eager; the checkpoint around eager's modules; the
+checkpoint around `fxfuse.optimize(model, mode="fast")` (fxfuse's pointwise kernels inside); and
 `fxfuse.optimize(model, memory_budget=BUDGET)`. Prints each variant's bytes held at the end of
 forward (the checkpoint's kept outputs are not saved tensors, so `saved_tensors_hooks` miss them)
 and its step peak, as ratios to eager's, the largest float64 gradient and buffer difference from
-eager on a small input, and the median train step over interleaved rounds.
+eager on a small input, and the median train step over interleaved rounds
+(`fxfuse.measure.median_step_times`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import random
-import statistics
 
 import torch
 from torch import nn
@@ -32,6 +31,7 @@ from torch.utils.flop_counter import flop_registry
 
 import fxfuse
 from fxfuse.commands._common import load_model
+from fxfuse.fusion.regions.recompute import _buffers_swapped
 from fxfuse.measure import memory
 
 DLA = "base_layer,level0,level1,level2,level3,level4,level5"
@@ -39,20 +39,6 @@ DLA = "base_layer,level0,level1,level2,level3,level4,level5"
 
 def _policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op._overloadpacket in flop_registry else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-class _BuffersSwapped:
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-
-    def __enter__(self) -> None:
-        self.originals = [(m, n, b) for m in self.module.modules() for n, b in m._buffers.items() if b is not None]
-        for m, n, b in self.originals:
-            m._buffers[n] = b.clone()
-
-    def __exit__(self, *exc) -> None:
-        for m, n, b in self.originals:
-            m._buffers[n] = b
 
 
 class PointwiseRecomputed(nn.Module):
@@ -69,7 +55,7 @@ class PointwiseRecomputed(nn.Module):
 
         class Recompute:  # the buffer swap outside the policy's mode, which would see its clones
             def __enter__(self):
-                stack.enter_context(_BuffersSwapped(block))
+                stack.enter_context(_buffers_swapped(list(block.modules())))
                 stack.enter_context(recompute)
 
             def __exit__(self, *exc):
@@ -134,16 +120,10 @@ def main() -> None:
         h = memory.forward_allocated_bytes(model, (x,)) / held
         p = memory.step_allocated_peak_bytes(lambda m=model: memory.train_step(m, (x,))) / peak
         print(f"{name:36s} held at end of forward {h:.3f}  step peak {p:.3f}")
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    order = list(variants)
-    for _ in range(args.rounds):
-        for name in order:
-            times[name].append(memory.timed(lambda m=variants[name]: memory.train_step(m, (x,))))
-        random.Random(len(times["eager"])).shuffle(order)
-    eager = statistics.median(times["eager"])
-    for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{name:36s} median step {median * 1000:7.1f} ms  {median / eager:.3f}x")
+    steps = {name: (lambda m=model: memory.train_step(m, (x,))) for name, model in variants.items()}
+    times = memory.median_step_times(steps, repeats=args.rounds)
+    for name, median in times.items():
+        print(f"{name:36s} median step {median * 1000:7.1f} ms  {median / times['eager']:.3f}x")
 
 
 if __name__ == "__main__":
