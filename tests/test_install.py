@@ -6,6 +6,7 @@ import pickle
 import torch
 from torch import nn
 
+import fxfuse
 from fxfuse.fusion import install
 from fxfuse.fusion.capture import Captures
 from fxfuse.fusion.plan import Findings, Options
@@ -62,3 +63,120 @@ def test_a_trial_walk_builds_one_mode_only():
     install.walk(model, None, Options("memory"), walk)
     state = model.__dict__[install._STATE]
     assert len(state.graphs) == 1
+
+
+def _conv_bn_relu_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)).double()
+
+
+class LoRA(nn.Module):
+    """A PEFT-style wrapper: the base layer plus a low-rank term, with the base's weight and bias visible."""
+
+    def __init__(self, base: nn.Linear):
+        super().__init__()
+        self.base = base
+        self.a = nn.Parameter(torch.randn(2, base.in_features, dtype=base.weight.dtype) * 0.1)
+        self.b = nn.Parameter(torch.randn(base.out_features, 2, dtype=base.weight.dtype) * 0.1)
+
+    weight = property(lambda self: self.base.weight)
+    bias = property(lambda self: self.base.bias)
+
+    def forward(self, x):
+        return self.base(x) + x @ self.a.t() @ self.b.t()
+
+
+def _same_after(edit, model: nn.Module, x: torch.Tensor) -> None:
+    eager = copy.deepcopy(model)
+    optimized = fxfuse.optimize(model)
+    assert optimized.fxfuse_report.fused
+    for m in (eager, optimized):
+        m(x)  # builds the graphs the edit must not leave in use (and moves both models' BN statistics)
+        torch.manual_seed(1)
+        edit(m)
+    for train in (True, False):
+        eager.train(train), optimized.train(train)
+        xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_e, out_o = eager(xe), optimized(xo)
+        torch.testing.assert_close(out_o, out_e, rtol=1e-12, atol=1e-12)
+        out_e.square().sum().backward()
+        out_o.square().sum().backward()
+        torch.testing.assert_close(xo.grad, xe.grad, rtol=1e-12, atol=1e-12)
+        for (name, p), q in zip(eager.named_parameters(), optimized.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_a_fused_sites_activation_replaced_after_optimize_is_the_one_that_runs():
+    def edit(m):
+        m[2] = nn.Tanh()
+
+    _same_after(edit, _conv_bn_relu_net(), torch.randn(2, 3, 8, 8, dtype=torch.float64))
+
+
+def test_a_fused_layer_wrapped_after_optimize_runs_its_wrapper():
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)).double()
+
+    def edit(m):
+        m[1], m[3] = LoRA(m[1]), LoRA(m[3])
+
+    _same_after(edit, mlp, torch.randn(4, 16, dtype=torch.float64))
+
+
+def test_a_fused_norm_replaced_by_another_kind_after_optimize():
+    def edit(m):
+        m[1] = nn.GroupNorm(2, 8).double()  # eager runs it; fused BN code would look for running_mean
+
+    _same_after(edit, _conv_bn_relu_net(), torch.randn(2, 3, 8, 8, dtype=torch.float64))
+
+
+def test_a_submodule_deleted_after_optimize():
+    class Folded(nn.Module):  # what ultralytics' fuse() does: BN folded away, `bn` deleted, forward switched
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.conv(x)) if hasattr(self, "bn") else self.conv(x))
+
+    def edit(m):
+        del m.bn
+
+    _same_after(edit, Folded().double(), torch.randn(2, 3, 8, 8, dtype=torch.float64))
+
+
+def test_a_config_flag_changed_after_optimize_is_read_again():
+    class Config:
+        def __init__(self):
+            self.extra = False
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            y = torch.relu(self.bn(self.conv(x)))
+            return (y, y.mean()) if self.config.extra else (y,)
+
+    model = Net().double()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert len(optimized(x)) == 1
+    optimized.config.extra = True
+    assert len(optimized(x)) == 2
+    optimized.config.extra = False
+    assert len(optimized(x)) == 1
+
+
+def test_an_unchanged_tree_keeps_its_graphs():
+    optimized = fxfuse.optimize(_conv_bn_relu_net())
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    optimized(x)
+    state = optimized.__dict__[install._STATE]
+    graphs = dict(state.graphs)
+    optimized(x)
+    optimized[1].momentum = 0.2  # read at run time, not baked in
+    optimized(x)
+    assert state.graphs == graphs
