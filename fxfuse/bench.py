@@ -21,7 +21,10 @@ fxfuse under torch.compile, for each fxfuse mode M run: "compile(M)"
 (`torch.compile(fxfuse.optimize(model, mode=M))`, the fused ops as opaque calls) and,
 with the peer "compile-fxfuse-composed", "compile(M,composed)" (the same with
 fxfuse.ops.compiled.enabled: ATen compositions under a selective-checkpoint policy); the
-same for each fxfuse budget B: "compile(budget=B)", "compile(budget=B,composed)".
+same for each fxfuse budget B: "compile(budget=B)", "compile(budget=B,composed)"; and, with the peer
+"compile-budget-fxfuse", "compile-budget=B(M)": `torch.compile(fxfuse.optimize(model, mode=M))` under
+activation_memory_budget=B, so compile's knapsack recomputes the ops between fxfuse's (which it
+treats as opaque and never recomputes) while fxfuse's ops keep only what they need.
 """
 
 from __future__ import annotations
@@ -39,7 +42,14 @@ from .errors import ConfigurationError
 from .fusion import MODES, optimize
 from .measure import fit, memory
 
-PEERS = ("checkpoint", "compile", "compile-budget", "compile-fxfuse", "compile-fxfuse-composed")
+PEERS = (
+    "checkpoint",
+    "compile",
+    "compile-budget",
+    "compile-budget-fxfuse",
+    "compile-fxfuse",
+    "compile-fxfuse-composed",
+)
 EAGER_CHANNELS_LAST = "eager-channels_last"
 
 
@@ -143,6 +153,14 @@ class ComposedCompiled(nn.Module):
             compiled.enabled = enabled
 
 
+def budget_compiled_mode(name: str) -> Optional[tuple[float, str]]:
+    """(0.5, "fast") for the variant name "compile-budget=0.5(fast)"; None for other names."""
+    if not (name.startswith("compile-budget=") and name.endswith(")") and "(" in name):
+        return None
+    budget, _, mode = name[len("compile-budget=") : -1].partition("(")
+    return float(budget), mode
+
+
 def _compiled_fxfuse_mode(name: str) -> tuple[str, bool]:
     """("memory", composed) for the variant name "compile(memory)" / "compile(memory,composed)"."""
     inner = name[len("compile(") : -1]
@@ -162,7 +180,8 @@ def parse_variants(
 
     `channels_last_baseline` adds eager in channels_last beside eager NCHW (4-D inputs).
     "compile-budget" runs at each of `budgets`, the budgets fxfuse runs at; "compile-fxfuse"
-    and "compile-fxfuse-composed" run torch.compile over each fxfuse mode of `modes`.
+    and "compile-fxfuse-composed" run torch.compile over each fxfuse mode of `modes`;
+    "compile-budget-fxfuse" runs torch.compile over each fxfuse mode of `modes` at each of `budgets`.
     `budget_peak` adds each budget again with that peak budget too.
     """
     names = ["eager"] + ([EAGER_CHANNELS_LAST] if channels_last_baseline else [])
@@ -184,6 +203,14 @@ def parse_variants(
             if not budgets:
                 raise ConfigurationError("compile-budget runs torch.compile at fxfuse's budgets: give --budget too")
             names += [f"compile-budget={b:g}" for b in budgets]
+        elif peer == "compile-budget-fxfuse":
+            fxfuse_modes = [m for m in modes if m in MODES]
+            if not fxfuse_modes or not budgets:
+                raise ConfigurationError(
+                    "compile-budget-fxfuse runs torch.compile over fxfuse's modes at each budget: "
+                    "give --modes fast (or memory, auto) and --budget too"
+                )
+            names += [f"compile-budget={b:g}({m})" for b in budgets for m in fxfuse_modes]
         elif peer.startswith("compile-fxfuse"):
             fxfuse_modes = [m for m in modes if m in MODES]
             if not fxfuse_modes and not budgets:
@@ -248,6 +275,10 @@ def make_variant(
         return checkpoint_blocks(copied)
     if name == "compile":
         return torch.compile(copied)
+    over_fxfuse = budget_compiled_mode(name)
+    if over_fxfuse is not None and over_fxfuse[1] in MODES:
+        budget, mode = over_fxfuse
+        return BudgetCompiled(optimize(copied, tuple(example_inputs), mode=mode), budget)
     if name.startswith("compile-budget="):
         return BudgetCompiled(copied, float(name.split("=", 1)[1]))
     if name.startswith("compile(") and name.endswith(")"):
@@ -353,6 +384,9 @@ def _fit_hint(name: str, counted: dict[str, int], baseline: str) -> Optional[int
     runs nothing on the meta device) that of the variant it compiles."""
     if counted.get(name) is not None:
         return counted[name]
+    over_fxfuse = budget_compiled_mode(name)
+    if over_fxfuse is not None:
+        return counted.get(over_fxfuse[1])
     if name.startswith("compile-budget="):
         return counted.get("budget=" + name.split("=", 1)[1])
     if name.startswith("compile(") and name.endswith(")"):
@@ -456,29 +490,31 @@ def render(rows: list[Row], frontier: bool = False) -> str:
     return tabulate(table, headers=headers)
 
 
+def _ratios(r: Row, other: Row) -> str:
+    peak = f"{r.peak_bytes / other.peak_bytes:.3f}" if r.peak_bytes and other.peak_bytes else "-"
+    return f"time {r.step_seconds / other.step_seconds:.3f}, saved {r.saved_bytes / other.saved_bytes:.3f}, peak {peak}"
+
+
 def compile_comparison(rows: list[Row]) -> list[str]:
     """For each "compile(M...)" row: its step time, saved bytes and peak as ratios to plain
-    "compile"'s, and its peak and saved bytes as ratios to fxfuse eager's in mode M (when measured)."""
+    "compile"'s, and its peak and saved bytes as ratios to fxfuse eager's in mode M (when measured).
+    For each "compile-budget=B(M)" row: the same ratios to "compile-budget=B"'s."""
     by_name = {r.variant: r for r in rows}
     plain = by_name.get("compile")
     lines = []
     for r in rows:
+        over_fxfuse = budget_compiled_mode(r.variant)
+        peer = by_name.get(f"compile-budget={over_fxfuse[0]:g}") if over_fxfuse else None
+        if peer is not None:
+            lines.append(f"{r.variant}: vs {peer.variant}: {_ratios(r, peer)}")
         if not (r.variant.startswith("compile(") and r.variant.endswith(")")):
             continue
         parts = []
         if plain is not None:
-            peak = f"{r.peak_bytes / plain.peak_bytes:.3f}" if r.peak_bytes and plain.peak_bytes else "-"
-            parts.append(
-                f"vs compile: time {r.step_seconds / plain.step_seconds:.3f}, "
-                f"saved {r.saved_bytes / plain.saved_bytes:.3f}, peak {peak}"
-            )
+            parts.append(f"vs compile: {_ratios(r, plain)}")
         eager = by_name.get(_compiled_fxfuse_mode(r.variant)[0])
         if eager is not None:
-            peak = f"{r.peak_bytes / eager.peak_bytes:.3f}" if r.peak_bytes and eager.peak_bytes else "-"
-            parts.append(
-                f"vs fxfuse {eager.variant} eager: time {r.step_seconds / eager.step_seconds:.3f}, "
-                f"saved {r.saved_bytes / eager.saved_bytes:.3f}, peak {peak}"
-            )
+            parts.append(f"vs fxfuse {eager.variant} eager: {_ratios(r, eager)}")
         if parts:
             lines.append(f"{r.variant}: " + "; ".join(parts))
     return lines

@@ -87,6 +87,23 @@ def test_variant_names_and_errors():
     ]
     with pytest.raises(ConfigurationError, match="give --modes memory"):
         bench.parse_variants(["eager"], [], ["compile-fxfuse"])
+    # fxfuse's ops under compile's own knapsack: each mode at each budget
+    assert bench.parse_variants(["fast", "memory"], [0.5, 0.3], ["compile-budget", "compile-budget-fxfuse"]) == [
+        "eager",
+        "fast",
+        "memory",
+        "budget=0.5",
+        "budget=0.3",
+        "compile-budget=0.5",
+        "compile-budget=0.3",
+        "compile-budget=0.5(fast)",
+        "compile-budget=0.5(memory)",
+        "compile-budget=0.3(fast)",
+        "compile-budget=0.3(memory)",
+    ]
+    for modes, budgets in ((["eager"], [0.5]), (["fast"], [])):
+        with pytest.raises(ConfigurationError, match="give --modes fast"):
+            bench.parse_variants(modes, budgets, ["compile-budget-fxfuse"])
     with pytest.raises(ConfigurationError, match="unknown mode"):
         bench.parse_variants(["turbo"])
     with pytest.raises(ConfigurationError, match="unknown peer"):
@@ -319,6 +336,7 @@ def test_fit_hint_of_compiled_variants_is_what_they_compile():
     counted = {"eager-channels_last": 10, "budget=0.5": 20, "memory": 30}
     assert bench._fit_hint("compile-budget=0.5", counted, "eager-channels_last") == 20
     assert bench._fit_hint("compile(memory)", counted, "eager-channels_last") == 30
+    assert bench._fit_hint("compile-budget=0.3(memory)", counted, "eager-channels_last") == 30
     assert bench._fit_hint("compile", counted, "eager-channels_last") == 10
     assert bench._fit_hint("memory", counted, "eager-channels_last") == 30
 
@@ -347,6 +365,49 @@ def test_compile_comparison_lines():
         "compile(memory): vs compile: time 1.050, saved 0.450, peak 0.540; "
         "vs fxfuse memory eager: time 0.700, saved 0.900, peak 0.900"
     ]
+
+
+def test_compile_comparison_of_fxfuse_under_compiles_budget():
+    rows = [
+        bench.Row("compile-budget=0.5", 400, 0, 2.0, peak_bytes=500),
+        bench.Row("compile-budget=0.5(fast)", 200, 0, 1.9, peak_bytes=450),
+        bench.Row("compile-budget=0.3(fast)", 100, 0, 2.2, peak_bytes=400),  # no compile-budget=0.3 row
+    ]
+    assert bench.compile_comparison(rows) == [
+        "compile-budget=0.5(fast): vs compile-budget=0.5: time 0.950, saved 0.500, peak 0.900"
+    ]
+    assert bench.budget_compiled_mode("compile-budget=0.25(memory)") == (0.25, "memory")
+    assert bench.budget_compiled_mode("compile-budget=0.25") is None
+    assert bench.budget_compiled_mode("compile(memory)") is None
+
+
+def test_fxfuse_under_compiles_budget_is_exact_in_float64():
+    """compile's knapsack recomputes the ops between fxfuse's; gradients and running statistics stay eager's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 4, 1),
+    ).double()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    eager = copy.deepcopy(model)
+    variant = bench.make_variant("compile-budget=0.1(fast)", model, (x,))
+    assert isinstance(variant, bench.BudgetCompiled)
+    assert variant.model.fxfuse_report.fused, "nothing fused: the test would compare compile with itself"
+    for _ in range(2):
+        for m in (eager, variant):
+            m.zero_grad(set_to_none=True)
+            m(x).square().sum().backward()
+        for (name, p), q in zip(eager.named_parameters(), variant.model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-12, msg=name)
+        for (name, b), c in zip(eager.named_buffers(), variant.model.buffers()):
+            torch.testing.assert_close(c, b, rtol=1e-9, atol=1e-12, msg=name)
+    torch._dynamo.reset()
 
 
 def test_compiled_fxfuse_variants_run_and_keep_their_flag():

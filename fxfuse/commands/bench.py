@@ -96,7 +96,9 @@ def register(subparsers) -> None:
         metavar="PEER[,PEER...]",
         help=f"peers to compare against: {', '.join(bench.PEERS)} "
         "(checkpoint: torch.utils.checkpoint on each top-level block; compile-budget: "
-        "torch.compile with activation_memory_budget at each --budget; compile-fxfuse: "
+        "torch.compile with activation_memory_budget at each --budget; compile-budget-fxfuse: "
+        "torch.compile(fxfuse.optimize(model, mode=M)) with activation_memory_budget at each --budget B, for "
+        "each --modes M; compile-fxfuse: "
         "torch.compile(fxfuse.optimize(model, mode=M)) for each --modes M and "
         "torch.compile(fxfuse.optimize(model, memory_budget=B)) for each --budget B; compile-fxfuse-composed: the same "
         "with fxfuse.ops.compiled.enabled, the fused ops as ATen compositions inductor fuses)",
