@@ -384,16 +384,7 @@ def test_compile_comparison_of_fxfuse_under_compiles_budget():
 def test_fxfuse_under_compiles_budget_is_exact_in_float64():
     """compile's knapsack recomputes the ops between fxfuse's; gradients and running statistics stay eager's."""
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1),
-        nn.BatchNorm2d(8),
-        nn.ReLU(),
-        nn.Conv2d(8, 8, 3, padding=1),
-        nn.BatchNorm2d(8),
-        nn.ReLU(),
-        nn.Conv2d(8, 4, 1),
-    ).double()
+    model = small_net().double()
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     eager = copy.deepcopy(model)
     variant = bench.make_variant("compile-budget=0.1(fast)", model, (x,))
