@@ -201,3 +201,34 @@ def test_inductor_small_net_exact_and_saves_no_more_than_fxfuse_eager():
     for (name, b), c in zip(model.named_buffers(), compiled_model._orig_mod.buffers()):
         torch.testing.assert_close(c, b, rtol=1e-12, atol=1e-12, msg=name)
     assert memory.saved_activation_bytes(compiled_model, (x,)) <= memory.saved_activation_bytes(eager, (x,))
+
+
+def test_a_change_that_needs_a_new_graph_breaks_the_compiled_graph_with_fxfuses_reason():
+    """A config read in forward changed after the first compiled call: fxfuse builds its new graph outside
+    dynamo (torch.fx cannot run under it), so fullgraph=True stops with fxfuse's reason, and the graph the
+    eager call builds then compiles as one graph (before, the compiled model kept the old graph silently)."""
+
+    class Config:  # as HF's PretrainedConfig: every flag an instance attribute, set in __init__
+        def __init__(self):
+            self.extra = False
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            y = torch.relu(self.bn(self.conv(x)))
+            return (y, y.mean()) if self.config.extra else (y,)
+
+    torch._dynamo.reset()
+    model, x = fxfuse.optimize(Net()), torch.randn(2, 3, 8, 8)
+    compiled_model = torch.compile(model, backend=PARTITIONED, fullgraph=True)
+    assert len(compiled_model(x)) == 1
+    model.config.extra = True
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="fxfuse: the optimized Net needs a new graph"):
+        compiled_model(x)
+    assert len(model(x)) == 2
+    assert len(compiled_model(x)) == 2
+    torch._dynamo.reset()

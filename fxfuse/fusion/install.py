@@ -223,6 +223,14 @@ def _fused_forward(self, *args, **kwargs):
     key = _key(state, args, kwargs, pattern)
     fn = state.graphs.get(key)
     if fn is None:
+        if torch.compiler.is_compiling():
+            # Building a graph traces the model with torch.fx, which dynamo cannot trace: build it eagerly.
+            torch._dynamo.graph_break(
+                f"fxfuse: the optimized {type(self).__name__} needs a new graph (training flags, hooks, "
+                "submodules or a config changed since the last one was built), which it builds outside the "
+                "compiled region; under fullgraph=True, make the change before the first compiled call, or "
+                "call the model once eagerly after it"
+            )
         example = None
         if state.specialized:  # shapes were read in forward: trace with this call's
             forward = type(self)._fxfuse_original_class.forward
