@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
+from support.config_flag_net import ConfigFlagNet
 from torch import nn
 
 import fxfuse
@@ -208,26 +209,12 @@ def test_a_change_that_needs_a_new_graph_breaks_the_compiled_graph_with_fxfuses_
     dynamo (torch.fx cannot run under it), so fullgraph=True stops with fxfuse's reason, and the graph the
     eager call builds then compiles as one graph (before, the compiled model kept the old graph silently)."""
 
-    class Config:  # as HF's PretrainedConfig: every flag an instance attribute, set in __init__
-        def __init__(self):
-            self.extra = False
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.config = Config()
-            self.conv, self.bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
-
-        def forward(self, x):
-            y = torch.relu(self.bn(self.conv(x)))
-            return (y, y.mean()) if self.config.extra else (y,)
-
     torch._dynamo.reset()
-    model, x = fxfuse.optimize(Net()), torch.randn(2, 3, 8, 8)
+    model, x = fxfuse.optimize(ConfigFlagNet()), torch.randn(2, 3, 8, 8)
     compiled_model = torch.compile(model, backend=PARTITIONED, fullgraph=True)
     assert len(compiled_model(x)) == 1
     model.config.extra = True
-    with pytest.raises(torch._dynamo.exc.Unsupported, match="fxfuse: the optimized Net needs a new graph"):
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="fxfuse: the optimized ConfigFlagNet needs a new graph"):
         compiled_model(x)
     assert len(model(x)) == 2
     assert len(compiled_model(x)) == 2

@@ -4,6 +4,7 @@ import copy
 import pickle
 
 import torch
+from support.config_flag_net import ConfigFlagNet
 from torch import nn
 
 import fxfuse
@@ -146,21 +147,7 @@ def test_a_submodule_deleted_after_optimize():
 
 
 def test_a_config_flag_changed_after_optimize_is_read_again():
-    class Config:
-        def __init__(self):
-            self.extra = False
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.config = Config()
-            self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
-
-        def forward(self, x):
-            y = torch.relu(self.bn(self.conv(x)))
-            return (y, y.mean()) if self.config.extra else (y,)
-
-    model = Net().double()
+    model = ConfigFlagNet().double()
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     optimized = fxfuse.optimize(copy.deepcopy(model))
     assert len(optimized(x)) == 1

@@ -145,10 +145,11 @@ def _configs(tree: list[nn.Module]) -> list[tuple[Any, dict]]:
     return list(found.values())
 
 
-def _snapshot(root: nn.Module, state: _State) -> None:
-    state.tree = _tree(root)
-    state.watched = state.tree[1:]
-    state.configs = _configs(state.tree)
+def _snapshot(state: _State, tree: list[nn.Module]) -> None:
+    """Record `tree` (a `_tree`) and its configs as what the graphs are built from."""
+    state.tree = tree
+    state.watched = tree[1:]
+    state.configs = _configs(tree)
 
 
 def _drop_stale_graphs(root: nn.Module, state: _State) -> None:
@@ -160,9 +161,7 @@ def _drop_stale_graphs(root: nn.Module, state: _State) -> None:
     if changed:
         for table in (state.graphs, state.fx_graphs, state.found):
             table.clear()
-        state.tree = tree
-        state.watched = tree[1:]
-        state.configs = _configs(tree)
+        _snapshot(state, tree)
 
 
 def _hooked(modules: list[nn.Module]) -> tuple[int, ...]:
@@ -320,7 +319,7 @@ def _build(
     from `captures`), compile and cache it."""
     pattern = call_pattern(root, example_inputs, pattern)
     if not state.tree:
-        _snapshot(root, state)
+        _snapshot(state, _tree(root))
     if captures is None:
         captured = capture(root, example_inputs, pattern)
     else:
