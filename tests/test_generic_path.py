@@ -202,7 +202,7 @@ if {steps}:
         with generic_path():
             generic = gp.measure_step(case.fused, case.leaves, case.dy)
         kernels = gp.measure_step(case.fused, case.leaves, case.dy)
-        rows.append((case.name, [vars(u) for u in (eager, generic, kernels)]))
+        rows.append((case.name, [vars(u) for u in (eager, generic, kernels)], gp.matmul_scratch(case.recomputed_matmul)))
 else:
     for case in gp.call_cases({dtype}, {cl}, size=16):
         eager = gp.measure_call(case.eager)
@@ -224,12 +224,10 @@ def _measure(steps: bool, channels_last: bool, dtype: str = "torch.float32"):
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_each_op_family_holds_no_more_than_eager(channels_last, dtype):
     over = []
-    for name, (eager, generic, kernels) in _measure(True, channels_last, dtype):
-        # Known, CPU-dependent: in bfloat16 on a 2.5 GHz AVX-512 Xeon (not on the AVX-512 EPYC of earlier
-        # runs), linear_act[gelu]'s backward holds one output-sized buffer more than eager's (eager 786432
-        # B, generic 1048704 B: eager's output, saved, is that size); writing g over the recomputed output
-        # did not remove it. Allowed here, that one case, by that one buffer, until it is found.
-        allowed = eager["saved"] if name.startswith("linear_act") and dtype == "torch.bfloat16" else 0
+    for name, (eager, generic, kernels), scratch in _measure(True, channels_last, dtype):
+        # A recomputed matmul may need ATen's scratch again (a float32 accumulator for bfloat16 on CPUs
+        # without native bfloat16 matmuls): measured here, zero elsewhere.
+        allowed = scratch
         if (
             generic["forward_peak"] > eager["forward_peak"] + SLACK
             or generic["backward_peak"] > eager["backward_peak"] + SLACK + allowed

@@ -103,6 +103,21 @@ class StepCase:
     eager: Callable[[], torch.Tensor]
     leaves: list[torch.Tensor]
     dy: torch.Tensor
+    # The matmul fxfuse's backward runs again (linear_act recomputes its pre-activation) and
+    # eager's backward does not; None where the backward recomputes none.
+    recomputed_matmul: Callable[[], torch.Tensor] | None = None
+
+
+def matmul_scratch(fn: Callable[[], torch.Tensor] | None) -> int:
+    """Bytes ATen's matmul held beyond its result while computing it: zero where the matmul writes
+    its result directly, a float32 accumulator of the result's shape for a bfloat16 matmul on CPUs
+    without native bfloat16 arithmetic. A backward that recomputes the matmul needs it again, where
+    eager needed it only in the forward."""
+    if fn is None:
+        return 0
+    keep: list[torch.Tensor] = []
+    peak, held = _peak(_allocator_deltas(lambda: keep.append(fn()), CPU))
+    return peak - held
 
 
 def step_cases(
@@ -241,11 +256,12 @@ def step_cases(
             [x, wdw, conv_b, ln_w, ln_b, fc1, fc1_b],
         ),
     ]
+    recomputed = {"linear_act[gelu]": lambda: F.linear(tokens.detach(), fc1.detach(), fc1_b.detach())}
     out = []
     for name, fused, eager, leaves in cases:
         with torch.no_grad():
             dy = torch.randn(eager().shape, generator=g, dtype=torch.float64).to(device, dtype)
-        out.append(StepCase(name, fused, eager, leaves, dy))
+        out.append(StepCase(name, fused, eager, leaves, dy, recomputed.get(name)))
     return out
 
 
