@@ -202,7 +202,8 @@ if {steps}:
         with generic_path():
             generic = gp.measure_step(case.fused, case.leaves, case.dy)
         kernels = gp.measure_step(case.fused, case.leaves, case.dy)
-        rows.append((case.name, [vars(u) for u in (eager, generic, kernels)], gp.matmul_scratch(case.recomputed_matmul)))
+        scratch = gp.matmul_scratch(case.recomputed_matmul)
+        rows.append((case.name, [vars(u) for u in (eager, generic, kernels)], scratch))
 else:
     for case in gp.call_cases({dtype}, {cl}, size=16):
         eager = gp.measure_call(case.eager)
