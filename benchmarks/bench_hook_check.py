@@ -67,7 +67,7 @@ def main() -> None:
     per_call = _median_seconds(check, 1000, 20)
     print(
         f"{args.model} batch {args.batch} {args.size}x{args.size} float32, {args.threads} threads, "
-        f"torch {torch.__version__}: {len(state.watched)} submodules watched for hooks, "
+        f"torch {torch.__version__}: {len(state.tree) - 1} submodules watched for hooks, "
         f"{len(state.key_modules)} training flags"
     )
     print(f"eager train step (median of {args.steps}): {step * 1e3:.1f} ms")

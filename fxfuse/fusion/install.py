@@ -65,7 +65,6 @@ class _State:
     options: Options
     key_modules: list[nn.Module]
     key_flags: list[tuple[nn.Module, str]] = field(default_factory=list)  # checkpointing switches of traced modules
-    watched: list[nn.Module] = field(default_factory=list)  # every submodule: which of them have hooks is in the key
     graphs: dict[tuple, Callable] = field(default_factory=dict)
     found: dict[tuple, Findings] = field(default_factory=dict)  # what the passes found on each graph
     fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
@@ -77,7 +76,9 @@ class _State:
     # keyed on the inputs' shapes too, and `example` (meta tensors) rebuilds them after pickling.
     specialized: bool = False
     example: Optional[tuple] = None
-    tree: list[nn.Module] = field(default_factory=list)  # the module tree the graphs were built from (_tree)
+    # The module tree the graphs were built from (_tree, the root first): which of its submodules have
+    # hooks is in the key.
+    tree: list[nn.Module] = field(default_factory=list)
     configs: list[tuple[Any, dict]] = field(default_factory=list)  # each `config` object and its attributes then
 
 
@@ -106,15 +107,11 @@ def _key(
     where it is known) and, for a shape-specialized graph, its inputs' shapes."""
     pattern = pattern if pattern is not None else CallPattern.of(args, kwargs)
     flags = tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
-    key = (flags, _hooked(state.watched), pattern)
+    key = (flags, _hooked(state.tree), pattern)
     if state.specialized:
         leaves = torch.utils._pytree.tree_leaves((tuple(args), kwargs or {}))
         key += (tuple(tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)),)
     return key
-
-
-def _new_state(module: nn.Module, options: Options) -> _State:
-    return _State(options, key_modules=[], watched=[m for m in module.modules() if m is not module])
 
 
 def _tree(root: nn.Module) -> list[nn.Module]:
@@ -148,7 +145,6 @@ def _configs(tree: list[nn.Module]) -> list[tuple[Any, dict]]:
 def _snapshot(state: _State, tree: list[nn.Module]) -> None:
     """Record `tree` (a `_tree`) and its configs as what the graphs are built from."""
     state.tree = tree
-    state.watched = tree[1:]
     state.configs = _configs(tree)
 
 
@@ -164,12 +160,19 @@ def _drop_stale_graphs(root: nn.Module, state: _State) -> None:
         _snapshot(state, tree)
 
 
-def _hooked(modules: list[nn.Module]) -> tuple[int, ...]:
+def _new_state(module: nn.Module, options: Options) -> _State:
+    state = _State(options, key_modules=[])
+    _snapshot(state, _tree(module))
+    return state
+
+
+def _hooked(tree: list[nn.Module]) -> tuple[int, ...]:
+    """The positions in `tree` of the submodules with hooks (the root's own hooks fire around the graph)."""
     return tuple(
         [
             i
-            for i, m in enumerate(modules)
-            if m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks
+            for i, m in enumerate(tree)
+            if i and (m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks)
         ]
     )
 
@@ -318,8 +321,6 @@ def _build(
     """Rewrite `root`'s graph for its current training flags and a call `pattern` (captured now, or taken
     from `captures`), compile and cache it."""
     pattern = call_pattern(root, example_inputs, pattern)
-    if not state.tree:
-        _snapshot(state, _tree(root))
     if captures is None:
         captured = capture(root, example_inputs, pattern)
     else:

@@ -59,11 +59,15 @@ def measure_step(fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor], dy:
     return Usage(forward_peak, retained - out_bytes, retained + backward_growth)
 
 
+def _call(fn: Callable[[], object]) -> tuple[int, int]:
+    """(peak, final) bytes held during one call, its results kept."""
+    keep: list[object] = []
+    return _peak(_allocator_deltas(lambda: keep.append(fn()), CPU))
+
+
 def measure_call(fn: Callable[[], object]) -> int:
     """Peak bytes held during one call (its results included)."""
-    keep: list[object] = []
-    peak, _ = _peak(_allocator_deltas(lambda: keep.append(fn()), CPU))
-    return peak
+    return _call(fn)[0]
 
 
 class EveryFamily(nn.Module):
@@ -115,8 +119,7 @@ def matmul_scratch(fn: Callable[[], torch.Tensor] | None) -> int:
     eager needed it only in the forward."""
     if fn is None:
         return 0
-    keep: list[torch.Tensor] = []
-    peak, held = _peak(_allocator_deltas(lambda: keep.append(fn()), CPU))
+    peak, held = _call(fn)
     return peak - held
 
 
