@@ -80,3 +80,83 @@ def test_fxfuse_ops_train_without_filling_defaults_per_call(monkeypatch):
     out = ops.gelu(out, approximate="tanh")
     out.sum().backward()
     assert all(t.grad is not None for t in (x, *pieces, w, g, b))
+
+
+_LIB.define("between(Tensor x, Tensor[] first, float factor, Tensor[] second) -> Tensor")
+_LIB.define("optional_list(Tensor x, Tensor?[] others) -> Tensor")
+_LIB.define("short_list(Tensor[] pieces) -> Tensor")
+
+
+def _between(x, first, factor, second):
+    return x * factor + sum(first) * 2 + sum(second) * 3
+
+
+def _between_setup(ctx, inputs, output):
+    ctx.factor = inputs[2]
+    ctx.grouped = tuple(map(type, inputs))
+
+
+def _between_backward(ctx, grad):
+    needs = ctx.needs_input_grad
+    assert isinstance(needs[1], list) and isinstance(needs[3], list), needs
+    first = [grad * 2 if need else None for need in needs[1]]
+    return grad * ctx.factor, first, None, None if not any(needs[3]) else [grad * 3] * len(needs[3])
+
+
+def _optional_list_setup(ctx, inputs, output):
+    ctx.count = len(inputs[1])
+
+
+_LIB.impl("between", _between, "CompositeExplicitAutograd")
+_LIB.impl("optional_list", lambda x, others: x + sum(o for o in others if o is not None), "CompositeExplicitAutograd")
+_LIB.impl("short_list", lambda pieces: torch.cat(pieces), "CompositeExplicitAutograd")
+register_autograd("fxfuse_autograd_kernel_test::between", _between_backward, _between_setup, lib=_LIB)
+register_autograd(
+    "fxfuse_autograd_kernel_test::optional_list",
+    lambda ctx, grad: (grad, [grad] * ctx.count),
+    _optional_list_setup,
+    lib=_LIB,
+)
+register_autograd(
+    "fxfuse_autograd_kernel_test::short_list", lambda ctx, grad: [grad], lambda ctx, inputs, output: None, lib=_LIB
+)
+
+
+def test_tensor_lists_are_spliced_by_position_without_pytree(monkeypatch):
+    from torch._library import autograd as library_autograd
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pytree used")
+
+    monkeypatch.setattr(library_autograd._pytree, "tree_flatten", refuse)
+    monkeypatch.setattr(library_autograd._pytree, "tree_unflatten", refuse)
+    f64 = {"dtype": torch.float64, "requires_grad": True}
+    x, a, b, c = (torch.randn(3, **f64) for _ in range(4))
+    d = torch.randn(3, dtype=torch.float64)
+    out = _ops.between(x, [a, d, b], 5.0, [c])
+    out.sum().backward()
+    for tensor, expected in ((x, 5.0), (a, 2.0), (b, 2.0), (c, 3.0)):
+        torch.testing.assert_close(tensor.grad, torch.full_like(tensor, expected))
+    assert d.grad is None
+    # A list none of whose pieces needs a gradient: the backward may return None for it.
+    e = torch.randn(3, dtype=torch.float64)
+    _ops.between(x, [a], 1.0, [e, e]).sum().backward()
+    assert e.grad is None
+    assert torch.autograd.gradcheck(
+        lambda x, a, c: _ops.between(x, [a, a], 0.5, [c]), (x.detach().requires_grad_(), a, c)
+    )
+    assert torch.autograd.gradgradcheck(
+        lambda x, a, c: _ops.between(x, [a, a], 0.5, [c]) ** 2, (x.detach().requires_grad_(), a, c)
+    )
+
+
+def test_other_tensor_list_types_keep_torchs_wrapper():
+    x, a = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    _ops.optional_list(x, [a, a]).sum().backward()
+    torch.testing.assert_close(a.grad, torch.full_like(a, 2.0))
+
+
+def test_a_list_gradient_of_the_wrong_length_raises():
+    pieces = [torch.randn(2, requires_grad=True), torch.randn(2, requires_grad=True)]
+    with pytest.raises(RuntimeError, match="list of 2 gradients"):
+        _ops.short_list(pieces).sum().backward()
