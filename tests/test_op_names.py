@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The BN(+activation) building blocks of batch_norm_act, conv_bn_act and bn_act_conv: no wrapper of
 # their own (ops/batch_norm_act.py registers them, generic/bn_act.cpp implements them).
 INTERNAL = {"bn_stats", "bn_act", "bn_act_", "bn_act_backward", "bn_act_backward_", "bn_act_backward_into_grad_"}
+INTERNAL |= {"update_running_stats_"}
 # max_pool2d's backward rebuilds ATen's indices with it (ops/max_pool2d.py, generic/max_pool2d.cpp).
 INTERNAL |= {"max_pool2d_indices"}
 # What the op modules share (fxfuse/ops/__init__.py says what each holds).

@@ -70,6 +70,11 @@ TORCH_LIBRARY(fxfuse, m) {
   m.def(kBnActInplace);
   m.def(kBnActBackwardInplace);
   m.def(kBnActBackwardIntoGrad);
+  // The running-statistics update eager's CPU batch_norm makes, from the batch's mean and
+  // unbiased var: what the fused ops' callers apply after the op (ops/batch_norm_act.py).
+  m.def(
+      "update_running_stats_(Tensor(a!) running_mean, Tensor(b!) running_var, Tensor mean, "
+      "Tensor unbiased_var, float momentum) -> ()");
   // BatchNorm2d(+activation) that keeps only its input for backward. mean / var: the
   // statistics applied (bn_stats' when batch_stats, else the running ones); unbiased_var:
   // the batch's, for the caller's running-statistics update (the running var otherwise).

@@ -12,6 +12,7 @@ autograd formulas are registered here.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -31,14 +32,30 @@ def update_running_stats(
 ) -> None:
     """running = momentum * batch + (1 - momentum) * running, rounded as ATen's CPU batch_norm
     rounds it (batch_norm_cpu_update_stats_template): momentum in the statistics' dtype, the mean
-    update in that dtype, the variance's momentum * unbiased_var term in double."""
+    update in that dtype, the variance's momentum * unbiased_var term in double; half statistics
+    are updated in double and rounded once, as eager's are (bfloat16 ones: see the tests).
+
+    In eager, fxfuse::update_running_stats_ makes the same ATen calls from C++ (one dispatch
+    instead of fifteen); traced (torch.compile, export) or without fxfuse._C, they run from here."""
     if running_mean.is_meta:  # no values to update (the budget's meta-device counts): ten ops saved per BN
         return
-    with torch.no_grad():
+    with torch.no_grad():  # the batch's statistics may require grad: the running ones get no history
+        if _native_update() and not torch.compiler.is_compiling():
+            torch.ops.fxfuse.update_running_stats_(running_mean, running_var, mean, unbiased_var, momentum)
+            return
+        if running_mean.dtype == torch.float16:  # eager: the update in double, one rounding to half
+            running_mean.copy_(momentum * mean.double() + (1 - momentum) * running_mean.double())
+            running_var.copy_(momentum * unbiased_var.double() + (1 - momentum) * running_var.double())
+            return
         m = torch.tensor(momentum, dtype=running_mean.dtype)
         running_mean.copy_(m * mean + (1 - m) * running_mean)
         var_term = m.to(torch.float64) * unbiased_var.to(torch.float64)
         running_var.copy_(var_term + ((1 - m.to(running_var.dtype)) * running_var).to(torch.float64))
+
+
+@functools.cache
+def _native_update() -> bool:
+    return hasattr(torch.ops.fxfuse, "update_running_stats_")
 
 
 def normalize_act(
@@ -190,6 +207,10 @@ def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var
     return _gradients(ctx, grad_out, (0, 1, 2), 9)
 
 
+def _update_running_stats_fake(running_mean, running_var, mean, unbiased_var, momentum):
+    return None
+
+
 def register() -> None:
     """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
     for name, fake in (
@@ -200,6 +221,7 @@ def register() -> None:
         ("bn_act_backward_", _bn_act_backward_inplace_fake),
         ("bn_act_backward_into_grad_", _bn_act_backward_inplace_fake),
         ("batch_norm_act", _batch_norm_act_fake),
+        ("update_running_stats_", _update_running_stats_fake),
     ):
         torch.library.register_fake(f"fxfuse::{name}", fake)
     register_autograd("fxfuse::bn_act", _bn_act_bwd, setup_context=_bn_act_setup)
