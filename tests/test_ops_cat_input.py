@@ -246,6 +246,22 @@ def test_the_op_checks_the_pieces_add_up_to_the_input():
         torch.ops.fxfuse.cat_batch_norm_act(pieces[:2], x, None, None, in_rm, in_rv, True, 1e-5, "relu", 0.0)
 
 
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda pieces: [pieces[0][:, :, :-1], *pieces[1:]], "cannot be part"),
+        (lambda pieces: [pieces[0][0], *pieces[1:]], "cannot be part"),
+        (lambda pieces: [pieces[0].unsqueeze(-1), *pieces[1:]], "cannot be part"),
+        (lambda pieces: [], "at least one piece"),
+    ],
+)
+def test_the_op_checks_each_piece_against_the_input(bad, match):
+    pieces, p, (in_rm, in_rv, _, _) = _case("batch_norm_act")
+    x = torch.cat(pieces, 1)
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.fxfuse.cat_batch_norm_act(bad(pieces), x, None, None, in_rm, in_rv, True, 1e-5, "relu", 0.0)
+
+
 def test_activation_is_applied_as_eager():
     pieces, p, (in_rm, in_rv, _, _) = _case("batch_norm_act")
     out = cat_batch_norm_act(pieces, in_rm.clone(), in_rv.clone(), None, None, True, 0.1, 1e-5, "leaky_relu", 0.2)

@@ -85,7 +85,17 @@ def cat_conv2d(pieces: Sequence[Tensor], *args, **kwargs) -> Tensor:
 
 
 def check_pieces(pieces: Sequence[Tensor], input: Tensor) -> None:
-    """`input` has the shape of `torch.cat(pieces, 1)` (what the op can check of the contract)."""
+    """`input` has the shape of `torch.cat(pieces, 1)` (what the op can check of the contract).
+    Concrete shapes are compared as tuples first (7 us against 23 for eight pieces through
+    torch._check, every call of a DenseNet layer); symbolic ones, or a mismatch, go through
+    torch._check, which records the checks in a trace and words the error."""
+    if pieces and all(type(d) is int for d in input.shape):
+        rest = (input.shape[0], *input.shape[2:])
+        if (
+            all((p.shape[0], *p.shape[2:]) == rest for p in pieces)
+            and sum(p.shape[1] for p in pieces) == input.shape[1]
+        ):
+            return
     torch._check(len(pieces) > 0, lambda: "fxfuse::cat_*: expected at least one piece")
     for piece in pieces:
         torch._check(
