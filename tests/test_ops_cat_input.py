@@ -252,6 +252,7 @@ def test_the_op_checks_the_pieces_add_up_to_the_input():
         (lambda pieces: [pieces[0][:, :, :-1], *pieces[1:]], "cannot be part"),
         (lambda pieces: [pieces[0][0], *pieces[1:]], "cannot be part"),
         (lambda pieces: [pieces[0].unsqueeze(-1), *pieces[1:]], "cannot be part"),
+        (lambda pieces: [pieces[0].sum(), *pieces[1:]], "cannot be part"),
         (lambda pieces: [], "at least one piece"),
     ],
 )

@@ -89,10 +89,10 @@ def check_pieces(pieces: Sequence[Tensor], input: Tensor) -> None:
     Concrete shapes are compared as tuples first (7 us against 23 for eight pieces through
     torch._check, every call of a DenseNet layer); symbolic ones, or a mismatch, go through
     torch._check, which records the checks in a trace and words the error."""
-    if pieces and all(type(d) is int for d in input.shape):
-        rest = (input.shape[0], *input.shape[2:])
+    if pieces and input.dim() >= 2 and all(type(d) is int for d in input.shape):
+        rest = (*input.shape[:1], *input.shape[2:])
         if (
-            all((p.shape[0], *p.shape[2:]) == rest for p in pieces)
+            all(p.dim() == input.dim() and (*p.shape[:1], *p.shape[2:]) == rest for p in pieces)
             and sum(p.shape[1] for p in pieces) == input.shape[1]
         ):
             return

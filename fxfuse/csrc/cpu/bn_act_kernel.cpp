@@ -32,6 +32,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -414,13 +415,19 @@ void update_running_stats_cpu_(
   const auto dtype = running_mean.scalar_type();
   const int64_t C = running_mean.numel();
   bool plain = fast_dtype(dtype);
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&running_mean, &running_var, &mean, &unbiased_var}) {
-    plain = plain && t->scalar_type() == dtype && t->is_contiguous() && t->dim() == 1 && t->numel() == C;
+  for (const at::Tensor* t :
+       std::initializer_list<const at::Tensor*>{&running_mean, &running_var, &mean, &unbiased_var}) {
+    plain = plain && t->scalar_type() == dtype && t->is_contiguous() && t->dim() == 1 &&
+        t->numel() == C;
   }
   if (!plain || generic_path()) {
     update_running_stats_generic_(running_mean, running_var, mean, unbiased_var, momentum);
     return;
   }
+  // As the generic form's copy_ does (autograd checks saved tensors against it); first, so that
+  // an inference tensor outside inference mode raises before it is written, as copy_ does.
+  running_mean.unsafeGetTensorImpl()->bump_version();
+  running_var.unsafeGetTensorImpl()->bump_version();
   AT_DISPATCH_FLOATING_TYPES(dtype, "update_running_stats_", [&] {
     const scalar_t m = static_cast<scalar_t>(momentum);
     const scalar_t keep = scalar_t(1) - m;
@@ -437,9 +444,6 @@ void update_running_stats_cpu_(
       rv[c] = static_cast<scalar_t>(var_term + static_cast<double>(var_kept));
     }
   });
-  // As the generic form's copy_ does (autograd checks saved tensors against it).
-  running_mean.unsafeGetTensorImpl()->bump_version();
-  running_var.unsafeGetTensorImpl()->bump_version();
 }
 }  // namespace
 

@@ -34,6 +34,7 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <utility>
 
 #include "../activation_ops.h"
 #include "../bn_act.h"
@@ -338,11 +339,14 @@ void update_running_stats_generic_(
     at::Tensor& running_mean, at::Tensor& running_var, const at::Tensor& mean,
     const at::Tensor& unbiased_var, double momentum) {
   if (running_mean.scalar_type() == at::kHalf) {
-    running_mean.copy_(at::add(at::mul(mean.to(at::kDouble), momentum), at::mul(running_mean.to(at::kDouble), 1 - momentum)));
-    running_var.copy_(at::add(at::mul(unbiased_var.to(at::kDouble), momentum), at::mul(running_var.to(at::kDouble), 1 - momentum)));
+    for (auto [running, batch] : {std::pair{&running_mean, &mean}, std::pair{&running_var, &unbiased_var}}) {
+      running->copy_(at::add(
+          at::mul(batch->to(at::kDouble), momentum), at::mul(running->to(at::kDouble), 1 - momentum)));
+    }
     return;
   }
-  const at::Tensor m = at::scalar_tensor(momentum, at::TensorOptions().dtype(running_mean.scalar_type()));
+  const at::Tensor m =
+      at::scalar_tensor(momentum, at::TensorOptions().dtype(running_mean.scalar_type()));
   running_mean.copy_(at::add(at::mul(m, mean), at::mul(at::rsub(m, 1), running_mean)));
   const at::Tensor var_term = at::mul(m.to(at::kDouble), unbiased_var.to(at::kDouble));
   const at::Tensor kept = at::mul(at::rsub(m.to(running_var.scalar_type()), 1), running_var);
