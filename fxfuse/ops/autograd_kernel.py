@@ -160,19 +160,15 @@ def _regroup(flat: Sequence, lists: tuple[int, ...], lengths: tuple[int, ...]) -
 
 
 def _splice_grads(grads: Sequence, lists: tuple[int, ...], lengths: tuple[int, ...], op) -> list:
-    """The backward's gradients with each tensor list's spliced in, one a tensor (None for a list that has none)."""
-    flat, start = [], 0
+    """The backward's gradients spliced as `_splice` splices the call, each list's checked against its
+    length first (None for a list stands for a None per tensor)."""
+    grads = list(grads)
     for i, length in zip(lists, lengths):
-        flat.extend(grads[start:i])
-        listed = grads[i]
-        if listed is None:
-            listed = [None] * length
+        listed = [None] * length if grads[i] is None else grads[i]
         if not isinstance(listed, (list, tuple)) or len(listed) != length:
             raise RuntimeError(
                 f"The backward formula for {op} returned {type(listed).__name__} for a list of {length} tensors; "
                 f"expected a list of {length} gradients (or None)."
             )
-        flat.extend(listed)
-        start = i + 1
-    flat.extend(grads[start:])
-    return flat
+        grads[i] = listed
+    return _splice(grads, lists)[0]
