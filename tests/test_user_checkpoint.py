@@ -46,6 +46,15 @@ class Net(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+@pytest.fixture(autouse=True, params=["impl", "parts"])
+def route(request, monkeypatch):
+    """Every test through both ways of intercepting checkpoint calls: torch < 2.14 has only "parts"."""
+    if request.param == "impl" and not hasattr(torch.utils.checkpoint, "_checkpoint_impl"):
+        pytest.skip("this torch's checkpoint has no _checkpoint_impl (torch < 2.14): only the parts route applies")
+    monkeypatch.setattr(user_checkpoint, "ROUTE", request.param)
+    return request.param
+
+
 def _x(n=2, c=3, size=8):
     return torch.randn(n, c, size, size, dtype=torch.float64)
 
@@ -294,3 +303,20 @@ def test_hf_transformers_gradient_checkpointing(reentrant):
         warnings.simplefilter("ignore", UserWarning)
         assert_equivalent(model, optimized, x, dtype=torch.float64)
         assert _saved_bytes(optimized, x) <= _saved_bytes(model, x)
+
+
+def test_tracing_puts_torch_checkpoint_back_as_it_was():
+    import torch.utils.checkpoint as tc
+
+    names = (
+        "_checkpoint_impl",
+        "_checkpoint_without_reentrant_generator_impl",
+        "_checkpoint_without_reentrant_generator",
+    )
+    before = {n: getattr(tc, n) for n in names if hasattr(tc, n)}
+    own_apply = tc.CheckpointFunction.__dict__.get("apply")
+    for reentrant in (True, False):
+        model = fxfuse.optimize(Net(use_reentrant=reentrant).double())
+        assert _checkpoint_calls(model)
+    assert {n: getattr(tc, n) for n in names if hasattr(tc, n)} == before
+    assert tc.CheckpointFunction.__dict__.get("apply") is own_apply

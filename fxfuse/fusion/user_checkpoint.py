@@ -2,8 +2,9 @@
 
 A forward that calls `torch.utils.checkpoint.checkpoint` (directly, through a partial
 such as HF transformers' `_gradient_checkpointing_func`, through `checkpoint_sequential`
-or timm's `checkpoint_seq`) reaches `torch.utils.checkpoint._checkpoint_impl`. While
-fxfuse traces, that function is replaced (`intercepting`): the checkpointed function is
+or timm's `checkpoint_seq`) reaches `torch.utils.checkpoint._checkpoint_impl` (torch >= 2.14), and
+on every torch `CheckpointFunction.apply` or the non-reentrant generator. While fxfuse
+traces, those are replaced (`intercepting`): the checkpointed function is
 traced inline between two marker nodes, and its nodes are tagged with the region's
 index (`KEY`). The fusing passes then run over the whole graph, refusing any site whose
 nodes lie in different regions (`one_region`), so every fused op stays on its side of
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import operator
 import types
 from dataclasses import dataclass, field
@@ -80,32 +82,110 @@ def _check_like_eager(kwargs: dict, options: dict) -> None:
         )
 
 
+# Where checkpoint calls are intercepted: "impl" patches `_checkpoint_impl`, which every entry point of
+# torch >= 2.14 reaches; "parts" patches what both kinds of checkpoint reach on every torch since 2.4
+# (`CheckpointFunction.apply`, and the non-reentrant generator). None: "impl" where this torch has it.
+ROUTE: str | None = None
+_OPTIONS = (
+    "preserve_rng_state",
+    "context_fn",
+    "determinism_check",
+    "debug",
+    "early_stop",
+    "respect_saved_tensors_hooks",
+)
+
+
 @contextlib.contextmanager
 def intercepting(tracer: fx.Tracer, specs: list[Spec]):
     """While tracing with `tracer`, checkpoint calls trace their function inline as a marked region."""
+    route = ROUTE or ("impl" if hasattr(torch_checkpoint, "_checkpoint_impl") else "parts")
+    with _impl_route(tracer, specs) if route == "impl" else _parts_route(tracer, specs):
+        yield
+
+
+def _trace_region(tracer: fx.Tracer, specs: list[Spec], function, args, kwargs, options: dict):
+    spec = Spec(len(specs), _describe(tracer, function), dict(options), _name_of(function))
+    specs.append(spec)
+    user_args = tuple(a.node for a in args if isinstance(a, fx.Proxy))
+    start = tracer.graph.call_function(begin, (spec.index, *user_args))
+    out = function(*args, **kwargs)
+    _close_region(tracer, spec, start)
+    return out
+
+
+def _close_region(tracer: fx.Tracer, spec: Spec, start: fx.Node) -> None:
+    stop = tracer.graph.call_function(end, (spec.index,))
+    node = start.next
+    while node is not stop:
+        node.meta.setdefault(KEY, spec.index)  # inner regions ended first: the innermost index wins
+        node = node.next
+
+
+@contextlib.contextmanager
+def _impl_route(tracer: fx.Tracer, specs: list[Spec]):
     original = torch_checkpoint._checkpoint_impl
 
     def traced(function, args, kwargs, **options):
         if getattr(tracer, "computing_meta", False):  # a module run on meta tensors for metadata only
             return original(function, args, kwargs, **options)
         _check_like_eager(kwargs, options)
-        spec = Spec(len(specs), _describe(tracer, function), dict(options), _name_of(function))
-        specs.append(spec)
-        user_args = tuple(a.node for a in args if isinstance(a, fx.Proxy))
-        start = tracer.graph.call_function(begin, (spec.index, *user_args))
-        out = function(*args, **kwargs)
-        stop = tracer.graph.call_function(end, (spec.index,))
-        node = start.next
-        while node is not stop:
-            node.meta.setdefault(KEY, spec.index)  # inner regions ended first: the innermost index wins
-            node = node.next
-        return out
+        return _trace_region(tracer, specs, function, args, kwargs, options)
 
     torch_checkpoint._checkpoint_impl = traced
     try:
         yield
     finally:
         torch_checkpoint._checkpoint_impl = original
+
+
+@contextlib.contextmanager
+def _parts_route(tracer: fx.Tracer, specs: list[Spec]):
+    """torch.utils.checkpoint.checkpoint has checked its arguments by the time it reaches these."""
+    function_class = torch_checkpoint.CheckpointFunction
+    own_apply = function_class.__dict__.get("apply")
+    original_apply = function_class.apply
+    name = next(
+        n
+        for n in ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator")
+        if hasattr(torch_checkpoint, n)
+    )
+    original_generator = getattr(torch_checkpoint, name)
+    signature = inspect.signature(original_generator)
+
+    def traced_apply(function, preserve_rng_state, *args):
+        if getattr(tracer, "computing_meta", False):
+            return original_apply(function, preserve_rng_state, *args)
+        options = {"use_reentrant": True, "preserve_rng_state": preserve_rng_state}
+        return _trace_region(tracer, specs, function, args, {}, options)
+
+    def traced_generator(*args, **kwargs):
+        # checkpoint runs the function itself between the generator's two steps
+        if getattr(tracer, "computing_meta", False):
+            yield from original_generator(*args, **kwargs)
+            return
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        function = next(iter(given.values()))
+        options = {"use_reentrant": False, **{k: given[k] for k in _OPTIONS if k in given}}
+        spec = Spec(len(specs), _describe(tracer, function), options, _name_of(function))
+        specs.append(spec)
+        user_args = tuple(a.node for a in given["args"] if isinstance(a, fx.Proxy))
+        start = tracer.graph.call_function(begin, (spec.index, *user_args))
+        yield
+        _close_region(tracer, spec, start)
+
+    function_class.apply = traced_apply
+    setattr(torch_checkpoint, name, traced_generator)
+    try:
+        yield
+    finally:
+        setattr(torch_checkpoint, name, original_generator)
+        if own_apply is None:
+            del function_class.apply
+        else:
+            function_class.apply = own_apply
 
 
 def _describe(tracer: fx.Tracer, function: Any) -> str:
