@@ -98,12 +98,23 @@ def test_cuda_training_step_matches_eager():
         torch.testing.assert_close(a, b)
 
 
+def _relative_error(grads, truth):
+    """The error of a whole model's gradients against a float64 run, relative to the float64 gradients'
+    norm (per parameter it is meaningless where the true gradient is zero, as for a conv bias
+    that BatchNorm follows)."""
+    num = sum((g.double() - t).norm() ** 2 for g, t in zip(grads, truth))
+    return (num / sum(t.norm() ** 2 for t in truth)).sqrt().item()
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_cuda_autocast_matches_eager_autocast(dtype):
+    """Under CUDA autocast, fxfuse's outputs have eager's dtype, and its gradients are about as
+    close to a float64 run as eager autocast's are."""
     torch.manual_seed(0)
     model = _cnn().cuda()
     optimized = fxfuse.optimize(copy.deepcopy(model))
+    reference = copy.deepcopy(model).double()
     x = torch.randn(8, 3, 8, 8, device="cuda")
     with torch.autocast("cuda", dtype=dtype):
         out, ref = optimized(x), model(x)
@@ -111,9 +122,11 @@ def test_cuda_autocast_matches_eager_autocast(dtype):
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
     out.float().sum().backward()
     ref.float().sum().backward()
-    for (name, p), q in zip(model.named_parameters(), optimized.parameters()):
-        err = ((q.grad - p.grad).norm() / p.grad.norm().clamp_min(1e-12)).item()
-        assert err < 3e-2, (name, err)
+    reference(x.double()).sum().backward()
+    truth = [p.grad for p in reference.parameters()]
+    eager = _relative_error([p.grad for p in model.parameters()], truth)
+    fused = _relative_error([p.grad for p in optimized.parameters()], truth)
+    assert fused <= 1.5 * eager + 1e-6, (fused, eager)
     for a, b in zip(model.buffers(), optimized.buffers()):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
 
@@ -158,6 +171,15 @@ def _cuda_case(shape, dtype, channels_last, seed=0):
     return x, dy, w, b
 
 
+def _sum_atol(expected, dtype):
+    """Tolerance for a per-channel sum over the batch (grad_weight, grad_bias): in half and
+    bfloat16 the two sides round g differently, so a channel whose terms cancel differs by
+    about the dtype's precision times the largest channel's sum."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return 10 * TOL[dtype] * max(1.0, expected.abs().max().item())
+    return 10 * TOL[dtype]
+
+
 @needs_gpu
 @needs_cuda_kernels
 @pytest.mark.parametrize("shape", CUDA_SHAPES, ids=str)
@@ -169,8 +191,8 @@ def test_cuda_bn_stats_and_inplace_forms(shape, dtype, channels_last):
     C = _extension.generic_kernels()
     x, dy, w, b = _cuda_case(shape, dtype, channels_last)
     stats = torch.ops.fxfuse.bn_stats(x)
-    for a, e in zip(stats, C.bn_stats(x)):
-        torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=TOL[dtype])
+    for a, e in zip(stats, C.bn_stats(x)):  # one value per channel: both unbiased variances are nan
+        torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=TOL[dtype], equal_nan=True)
     mean, var, _ = stats
     for act, p in ACTS:
         y = x.clone()
@@ -182,10 +204,11 @@ def test_cuda_bn_stats_and_inplace_forms(shape, dtype, channels_last):
             for mask in MASKS:
                 want = C.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, mask)
                 got = torch.ops.fxfuse.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, batch_stats, mask)
-                for a, e in zip(got, want):
+                for i, (a, e) in enumerate(zip(got, want)):
                     assert (a is None) == (e is None)
                     if e is not None:
-                        torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=10 * TOL[dtype])
+                        atol = 10 * TOL[dtype] if i == 0 else _sum_atol(e, dtype)
+                        torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=atol)
                 y, g = x.clone(), dy.clone()
                 py, pg = y.data_ptr(), g.data_ptr()
                 got_ = torch.ops.fxfuse.bn_act_backward_(dy, y, mean, var, w, b, 1e-5, act, p, batch_stats, mask[1:])
@@ -198,8 +221,9 @@ def test_cuda_bn_stats_and_inplace_forms(shape, dtype, channels_last):
                 torch.testing.assert_close(g, ref[0], rtol=TOL[dtype], atol=10 * TOL[dtype])
                 for a, c, e in zip(got_, got_g, ref[1:]):
                     if e is not None:
-                        torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=10 * TOL[dtype])
-                        torch.testing.assert_close(c, e, rtol=TOL[dtype], atol=10 * TOL[dtype])
+                        atol = _sum_atol(e, dtype)
+                        torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=atol)
+                        torch.testing.assert_close(c, e, rtol=TOL[dtype], atol=atol)
 
 
 @needs_gpu
@@ -303,6 +327,7 @@ def test_timed_waits_for_the_device():
     work, not only the launch: a kernel that spins for a known time takes at least that long."""
     from fxfuse import measure
 
+    torch.cuda._sleep(50_000_000)  # the clock ramps up on the first spin (33 ms, then 25 ms on an H200)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -310,4 +335,5 @@ def test_timed_waits_for_the_device():
     end.record()
     end.synchronize()
     device_seconds = start.elapsed_time(end) / 1e3
-    assert measure.timed(lambda: torch.cuda._sleep(50_000_000)) >= 0.9 * device_seconds
+    # launching alone takes microseconds: half the device's time tells the two apart
+    assert measure.timed(lambda: torch.cuda._sleep(50_000_000)) >= 0.5 * device_seconds

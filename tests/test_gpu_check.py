@@ -51,7 +51,19 @@ def test_gpu_check_covers_the_issue_32_checklist():
     script = open(os.path.join(ROOT, "tools", "gpu_check.sh")).read()
     default = next(line for line in script.splitlines() if line.startswith("PHASES="))
     phases = default.split(":-", 1)[1].rstrip("}").split()
-    assert phases == ["build", "env", "tests", "exact", "autocast", "kernels", "step", "fit", "bench", "bench-effnet"]
+    assert phases == [
+        "build",
+        "env",
+        "tests",
+        "exact",
+        "autocast",
+        "kernels",
+        "step",
+        "profile",
+        "fit",
+        "bench",
+        "bench-effnet",
+    ]
     assert "torchvision:resnet50 --input-shape 64,3,224,224 --device cuda" in script
     assert "torchvision:efficientnet_b0 --input-shape 64,3,224,224 --device cuda" in script
     assert script.count("--fit-cap 16GiB") == 2

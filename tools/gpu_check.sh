@@ -9,6 +9,7 @@
 #   autocast      bf16 and fp16 autocast training gradients vs eager autocast, both vs float64
 #   kernels       GB/s of the CUDA bn_act kernels against the device's bandwidth and a copy
 #   step          ResNet-50 / EfficientNet-B0 batch 64 train steps, fp32 and bf16 AMP: saved, peak, time
+#   profile       where a ResNet-50 bf16 step's time goes: wall vs GPU busy time, top ops by GPU and CPU time
 #   fit           largest batch within a 16 GiB cap, eager vs fxfuse, fp32 and bf16 AMP
 #   bench         fxfuse bench --device cuda --fit-cap: ResNet-50 batch 64 fp32
 #   bench-effnet  the same for EfficientNet-B0
@@ -17,7 +18,7 @@
 set -uo pipefail
 OUT=${1:-gpu-check-out}
 shift || true
-PHASES=${*:-build env tests exact autocast kernels step fit bench bench-effnet}
+PHASES=${*:-build env tests exact autocast kernels step profile fit bench bench-effnet}
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   echo "gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check on this machine"

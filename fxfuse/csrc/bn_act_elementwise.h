@@ -66,7 +66,14 @@ C10_HOST_DEVICE inline A act_forward(Act act, A z, A param) {
     case Act::Hardswish: {
       const A shifted = z + A(3);
       const A clamped = shifted > A(0) ? (shifted < A(6) ? shifted : A(6)) : A(0);
+#ifdef __CUDA_ARCH__
+      // ATen's CUDA kernel multiplies by the float constant 1.0f / 6.0f, for double too (2^-25
+      // relative in float64), where its CPU kernel divides by 6: each device computes what eager
+      // computes there.
+      return z * clamped * A(1.0f / 6.0f);
+#else
       return z * clamped / A(6);
+#endif
     }
   }
   return z;
