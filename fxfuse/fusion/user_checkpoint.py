@@ -105,13 +105,17 @@ def intercepting(tracer: fx.Tracer, specs: list[Spec]):
 
 
 def _trace_region(tracer: fx.Tracer, specs: list[Spec], function, args, kwargs, options: dict):
-    spec = Spec(len(specs), _describe(tracer, function), dict(options), _name_of(function))
-    specs.append(spec)
-    user_args = tuple(a.node for a in args if isinstance(a, fx.Proxy))
-    start = tracer.graph.call_function(begin, (spec.index, *user_args))
+    spec, start = _open_region(tracer, specs, function, args, options)
     out = function(*args, **kwargs)
     _close_region(tracer, spec, start)
     return out
+
+
+def _open_region(tracer: fx.Tracer, specs: list[Spec], function, args, options: dict) -> tuple[Spec, fx.Node]:
+    spec = Spec(len(specs), _describe(tracer, function), dict(options), _name_of(function))
+    specs.append(spec)
+    user_args = tuple(a.node for a in args if isinstance(a, fx.Proxy))
+    return spec, tracer.graph.call_function(begin, (spec.index, *user_args))
 
 
 def _close_region(tracer: fx.Tracer, spec: Spec, start: fx.Node) -> None:
@@ -169,10 +173,7 @@ def _parts_route(tracer: fx.Tracer, specs: list[Spec]):
         given = bound.arguments
         function = next(iter(given.values()))
         options = {"use_reentrant": False, **{k: given[k] for k in _OPTIONS if k in given}}
-        spec = Spec(len(specs), _describe(tracer, function), options, _name_of(function))
-        specs.append(spec)
-        user_args = tuple(a.node for a in given["args"] if isinstance(a, fx.Proxy))
-        start = tracer.graph.call_function(begin, (spec.index, *user_args))
+        spec, start = _open_region(tracer, specs, function, given["args"], options)
         yield
         _close_region(tracer, spec, start)
 
