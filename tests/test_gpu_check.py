@@ -82,3 +82,22 @@ def test_gpu_check_writes_markdown_tables(tmp_path):
     assert (tmp_path / "lists.md").read_text() == "| name | n |\n|---|---|\n| a | 1 |\n"
     assert (tmp_path / "env.md").read_text() == "* device: H100\n"
     assert (tmp_path / "rows.json").exists()
+
+
+def test_gpu_check_phases_import_fxfuse_from_the_checkout(tmp_path):
+    """The first GPU run lost every Python phase to `No module named 'fxfuse'`: fxfuse was built in
+    place, not installed, and tools/gpu_check.py's sys.path starts at tools/. A stand-in python that
+    claims a GPU records the PYTHONPATH each phase gets."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\n[ "$1" = "-c" ] && exit 0\necho "$PYTHONPATH" >> "$(dirname "$0")/seen"\n')
+    fake.chmod(0o755)
+    run = subprocess.run(
+        [os.path.join(ROOT, "tools", "gpu_check.sh"), str(tmp_path / "out"), "env", "kernels"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": str(fake), "PYTHONPATH": "/elsewhere"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    seen = (tmp_path / "seen").read_text().split()
+    assert seen == [f"{ROOT}:/elsewhere"] * 2

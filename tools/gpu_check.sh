@@ -20,6 +20,10 @@ OUT=${1:-gpu-check-out}
 shift || true
 PHASES=${*:-build env tests exact autocast kernels step profile fit bench bench-effnet}
 PY=${PYTHON:-python3}
+# The phases run tools/gpu_check.py, whose sys.path starts at tools/: fxfuse comes from the checkout
+# (the build phase builds it in place), also where it is not installed.
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   echo "gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check on this machine"
   exit 2
