@@ -320,3 +320,18 @@ def test_tracing_puts_torch_checkpoint_back_as_it_was():
         assert _checkpoint_calls(model)
     assert {n: getattr(tc, n) for n in names if hasattr(tc, n)} == before
     assert tc.CheckpointFunction.__dict__.get("apply") is own_apply
+
+
+def test_a_torch_without_the_patched_functions_stops_tracing_with_the_reason(monkeypatch):
+    """Where torch.utils.checkpoint has none of what fxfuse patches (a future torch), optimize says so
+    instead of tracing through the checkpoint, which would drop it silently (BatchNorm statistics would
+    then advance once a step, where eager's recompute advances them twice)."""
+    import types
+
+    import torch.utils.checkpoint as tc
+
+    bare = types.SimpleNamespace(noop_context_fn=tc.noop_context_fn, checkpoint=tc.checkpoint)
+    monkeypatch.setattr(user_checkpoint, "torch_checkpoint", bare)
+    monkeypatch.setattr(user_checkpoint, "ROUTE", None)
+    with pytest.raises(fxfuse.TracingError, match="cannot keep torch.utils.checkpoint regions on torch"):
+        fxfuse.optimize(Net(use_reentrant=False).double())

@@ -32,6 +32,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import torch
 import torch.fx as fx
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
@@ -96,10 +97,24 @@ _OPTIONS = (
 )
 
 
+_GENERATORS = ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator")
+
+
 @contextlib.contextmanager
 def intercepting(tracer: fx.Tracer, specs: list[Spec]):
-    """While tracing with `tracer`, checkpoint calls trace their function inline as a marked region."""
+    """While tracing with `tracer`, checkpoint calls trace their function inline as a marked region.
+    On a torch with none of the functions this patches, tracing stops with the reason: traced
+    through unmarked, a checkpoint would vanish from the model (its BatchNorms would then update
+    their statistics once a step where eager's recompute updates them twice)."""
     route = ROUTE or ("impl" if hasattr(torch_checkpoint, "_checkpoint_impl") else "parts")
+    if route == "parts" and not (
+        hasattr(torch_checkpoint, "CheckpointFunction") and any(hasattr(torch_checkpoint, n) for n in _GENERATORS)
+    ):
+        raise RuntimeError(
+            f"fxfuse cannot keep torch.utils.checkpoint regions on torch {torch.__version__}: it has none of "
+            f"_checkpoint_impl, CheckpointFunction or {' / '.join(_GENERATORS)}. fxfuse is tested on torch 2.11 "
+            "and 2.14; use one of those, or report the torch version"
+        )
     with _impl_route(tracer, specs) if route == "impl" else _parts_route(tracer, specs):
         yield
 
@@ -149,11 +164,7 @@ def _parts_route(tracer: fx.Tracer, specs: list[Spec]):
     function_class = torch_checkpoint.CheckpointFunction
     own_apply = function_class.__dict__.get("apply")
     original_apply = function_class.apply
-    name = next(
-        n
-        for n in ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator")
-        if hasattr(torch_checkpoint, n)
-    )
+    name = next(n for n in _GENERATORS if hasattr(torch_checkpoint, n))
     original_generator = getattr(torch_checkpoint, name)
     signature = inspect.signature(original_generator)
 
