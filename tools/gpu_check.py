@@ -327,8 +327,11 @@ def fit(args) -> None:
                 model = make().cuda()
                 if label != "eager":
                     model = fxfuse.optimize(model, (x,), mode="memory")
+                # counted on the meta device first (seconds), so the measured search starts near its
+                # answer; the count cannot see autocast, the search then walks from there
+                start = fitting.largest_batch(model, (x,), cap)
                 model = _Autocast(model) if amp else model
-                batches[label] = fitting.largest_batch(model, (x,), cap, how="measured")
+                batches[label] = fitting.largest_batch(model, (x,), cap, how="measured", start=start)
                 del model
                 torch.cuda.empty_cache()
             rows.append(
