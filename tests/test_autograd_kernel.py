@@ -12,6 +12,7 @@ from fxfuse.ops.autograd_kernel import register_autograd
 _LIB = torch.library.Library("fxfuse_autograd_kernel_test", "DEF")
 _LIB.define("scale(Tensor x, Tensor[] others, float factor=2.0, *, float shift=0.0) -> Tensor")
 _LIB.define("broken(Tensor x) -> Tensor")
+_LIB.define("with_stats(Tensor x, Tensor[] others) -> (Tensor, Tensor)")
 _SEEN = []
 
 
@@ -29,8 +30,20 @@ def _scale_backward(ctx, grad):
 
 
 _LIB.impl("scale", _scale, "CompositeExplicitAutograd")
+_LIB.impl("with_stats", lambda x, others: (x * 3 + sum(others), x.sum()), "CompositeExplicitAutograd")
+_GRADS = []
+
+
+def _with_stats_backward(ctx, grad, grad_stat):
+    _GRADS.append(grad_stat)
+    return grad * 3, [grad] * len(ctx.needs_input_grad[1])
+
+
 _LIB.impl("broken", lambda x: x.clone(), "CompositeExplicitAutograd")
 register_autograd("fxfuse_autograd_kernel_test::scale", _scale_backward, _scale_setup, lib=_LIB)
+register_autograd(
+    "fxfuse_autograd_kernel_test::with_stats", _with_stats_backward, lambda ctx, inputs, output: None, lib=_LIB
+)
 register_autograd("fxfuse_autograd_kernel_test::broken", lambda ctx, g: (g, g), lambda ctx, inputs, output: None)
 _ops = torch.ops.fxfuse_autograd_kernel_test
 
@@ -160,3 +173,37 @@ def test_a_list_gradient_of_the_wrong_length_raises():
     pieces = [torch.randn(2, requires_grad=True), torch.randn(2, requires_grad=True)]
     with pytest.raises(RuntimeError, match="list of 2 gradients"):
         _ops.short_list(pieces).sum().backward()
+
+
+def test_unused_outputs_gradients_are_not_filled_with_zeros():
+    """Backward reads only the first output's gradient: the others (batch statistics) arrive as None
+    instead of a zero-filled tensor each (a fill kernel per statistic and call on a GPU). Where only
+    an unused output is reached, every input's gradient is None (zero), its list's too."""
+    x, a, b = (torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    _GRADS.clear()
+    out, stat = _ops.with_stats(x, [a, b])
+    out.sum().backward()
+    assert _GRADS == [None]
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+    torch.testing.assert_close(a.grad, torch.ones_like(a))
+    x.grad = a.grad = b.grad = None
+    _GRADS.clear()
+    out, stat = _ops.with_stats(x, [a, b])
+    stat.backward()
+    assert _GRADS == [] and x.grad is None and a.grad is None and b.grad is None
+
+
+def test_bn_act_conv_backward_fills_no_zeros_for_its_statistics():
+    """fxfuse::bn_act_conv has six statistics outputs: its backward node filled six zero tensors a call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fxfuse.fusion import runtime
+
+    x = torch.randn(2, 8, 6, 6, requires_grad=True)
+    bn, conv, bn2 = torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+    out = runtime.bn_act_conv_module(x, bn, "relu", 0.0, conv, bn2, "relu", 0.0)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out.sum().backward()
+    nodes = [e for e in prof.events() if e.name.startswith("GeneratedBackwardFor_fxfuse_bn_act_conv")]
+    assert nodes and x.grad is not None
+    assert not [e for e in prof.events() if e.name == "aten::zeros" and e.cpu_parent in nodes]

@@ -73,6 +73,9 @@ def register_autograd(
 
     def forward(ctx, *args):
         *args, call = args
+        # Every backward here reads only the first output's gradient; the others (batch statistics,
+        # pooling offsets) would be materialized as zeros, a fill each (a kernel launch on a GPU).
+        ctx.set_materialize_grads(False)
         if spliced:
             args = _regroup(args, lists, call.lengths)
             ctx.fxfuse_lengths = call.lengths
@@ -91,6 +94,15 @@ def register_autograd(
         needs = needs_input_grad[:-1]
         if spliced:
             needs = tuple(_regroup(needs, lists, ctx.fxfuse_lengths))
+        if grads[0] is None:  # only an unused output reached: every input's gradient is zero
+            return (
+                *(
+                    _splice_grads([None] * len(needs), lists, ctx.fxfuse_lengths, op)
+                    if spliced
+                    else [None] * len(needs)
+                ),
+                None,
+            )
         ctx.needs_input_grad = needs
         try:
             result = backward(ctx, *grads)
