@@ -98,12 +98,12 @@ def test_cuda_training_step_matches_eager():
         torch.testing.assert_close(a, b)
 
 
-def _relative_error(grads, truth):
-    """The error of a whole model's gradients against a float64 run, relative to the float64 gradients'
-    norm (per parameter it is meaningless where the true gradient is zero, as for a conv bias
-    that BatchNorm follows)."""
-    num = sum((g.double() - t).norm() ** 2 for g, t in zip(grads, truth))
-    return (num / sum(t.norm() ** 2 for t in truth)).sqrt().item()
+def _errors_against(grads, truth):
+    """Each parameter's gradient error against a float64 run, relative to that gradient's norm, for the
+    parameters whose true gradient is not about zero (a conv bias that BatchNorm follows has a zero
+    true gradient: both sides' values there are rounding noise)."""
+    largest = max(t.norm() for t in truth)
+    return [((g.double() - t).norm() / t.norm()).item() for g, t in zip(grads, truth) if t.norm() > 1e-6 * largest]
 
 
 @needs_gpu
@@ -124,9 +124,11 @@ def test_cuda_autocast_matches_eager_autocast(dtype):
     ref.float().sum().backward()
     reference(x.double()).sum().backward()
     truth = [p.grad for p in reference.parameters()]
-    eager = _relative_error([p.grad for p in model.parameters()], truth)
-    fused = _relative_error([p.grad for p in optimized.parameters()], truth)
-    assert fused <= 1.5 * eager + 1e-6, (fused, eager)
+    eager = _errors_against([p.grad for p in model.parameters()], truth)
+    fused = _errors_against([p.grad for p in optimized.parameters()], truth)
+    eps = torch.finfo(dtype).eps
+    for i, (f, e) in enumerate(zip(fused, eager)):  # per parameter: the fused BatchNorms' own too
+        assert f <= 2 * e + 4 * eps, (i, f, e)
     for a, b in zip(model.buffers(), optimized.buffers()):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
 
@@ -175,8 +177,8 @@ def _sum_atol(expected, dtype):
     """Tolerance for a per-channel sum over the batch (grad_weight, grad_bias): in half and
     bfloat16 the two sides round g differently, so a channel whose terms cancel differs by
     about the dtype's precision times the largest channel's sum."""
-    if dtype in (torch.float16, torch.bfloat16):
-        return 10 * TOL[dtype] * max(1.0, expected.abs().max().item())
+    if dtype in (torch.float16, torch.bfloat16):  # (3, 33, 64, 65): sums up to 250, seen differences 0.1 / 0.9
+        return TOL[dtype] * max(1.0, expected.abs().max().item())
     return 10 * TOL[dtype]
 
 

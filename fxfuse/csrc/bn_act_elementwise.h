@@ -15,6 +15,7 @@
 //   gelu_tanh  tanh form              gelu_backward(approximate="tanh")
 //   silu       z / (1 + exp(-z))      dy * sig * (1 + z * (1 - sig))
 //   hardswish  z*min(max(z+3,0),6)/6  z <= -3 ? 0 : z < 3 ? dy*(z/3 + 1/2) : dy
+//              (on the device: * (1.0f / 6.0f), as ATen's CUDA kernel; only a GPU run checks that branch)
 //
 // Rounding follows eager, which runs batch_norm and the activation as two ops
 // that each round their result to T: the pre-activation z is rounded to T before

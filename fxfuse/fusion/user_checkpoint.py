@@ -87,14 +87,6 @@ def _check_like_eager(kwargs: dict, options: dict) -> None:
 # torch >= 2.14 reaches; "parts" patches what both kinds of checkpoint reach on every torch since 2.4
 # (`CheckpointFunction.apply`, and the non-reentrant generator). None: "impl" where this torch has it.
 ROUTE: str | None = None
-_OPTIONS = (
-    "preserve_rng_state",
-    "context_fn",
-    "determinism_check",
-    "debug",
-    "early_stop",
-    "respect_saved_tensors_hooks",
-)
 
 
 _GENERATORS = ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator")
@@ -182,8 +174,9 @@ def _parts_route(tracer: fx.Tracer, specs: list[Spec]):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         given = bound.arguments
-        function = next(iter(given.values()))
-        options = {"use_reentrant": False, **{k: given[k] for k in _OPTIONS if k in given}}
+        first, function = next(iter(given.items()))
+        # every option this torch's generator takes, so one fxfuse does not know is passed on too
+        options = {"use_reentrant": False, **{k: v for k, v in given.items() if k not in (first, "args", "kwargs")}}
         spec, start = _open_region(tracer, specs, function, given["args"], options)
         yield
         _close_region(tracer, spec, start)
