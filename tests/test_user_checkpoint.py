@@ -335,3 +335,36 @@ def test_a_torch_without_the_patched_functions_stops_tracing_with_the_reason(mon
     monkeypatch.setattr(user_checkpoint, "ROUTE", None)
     with pytest.raises(fxfuse.TracingError, match="cannot keep torch.utils.checkpoint regions on torch"):
         fxfuse.optimize(Net(use_reentrant=False).double())
+
+
+def test_optimize_in_several_threads_keeps_every_checkpoint_and_restores_torch():
+    """The patches are process-wide: traces in several threads take turns, and torch.utils.checkpoint
+    is as it was afterwards."""
+    import threading
+
+    import torch.utils.checkpoint as tc
+
+    names = (
+        "_checkpoint_impl",
+        "_checkpoint_without_reentrant_generator_impl",
+        "_checkpoint_without_reentrant_generator",
+    )
+    before = {n: getattr(tc, n) for n in names if hasattr(tc, n)}
+    own_apply = tc.CheckpointFunction.__dict__.get("apply")
+    results, errors = [], []
+
+    def run(reentrant):
+        try:
+            results.append(fxfuse.optimize(Net(use_reentrant=reentrant).double()))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i % 2 == 0,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 4
+    assert all(len(_checkpoint_calls(m)) == 2 for m in results)
+    assert {n: getattr(tc, n) for n in names if hasattr(tc, n)} == before
+    assert tc.CheckpointFunction.__dict__.get("apply") is own_apply

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import inspect
 import operator
+import threading
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -107,8 +108,18 @@ def intercepting(tracer: fx.Tracer, specs: list[Spec]):
             f"_checkpoint_impl, CheckpointFunction or {' / '.join(_GENERATORS)}. fxfuse is tested on torch 2.11 "
             "and 2.14; use one of those, or report the torch version"
         )
-    with _impl_route(tracer, specs) if route == "impl" else _parts_route(tracer, specs):
+    # The patches are process-wide: one trace at a time patches and restores (optimize in several
+    # threads), and checkpoint calls from other threads meanwhile go to torch's own functions.
+    with _LOCK, _impl_route(tracer, specs) if route == "impl" else _parts_route(tracer, specs):
         yield
+
+
+_LOCK = threading.RLock()
+
+
+def _ours(tracer: fx.Tracer, owner: int) -> bool:
+    """Whether a checkpoint call reaching a patched function belongs to this trace."""
+    return threading.get_ident() == owner and not getattr(tracer, "computing_meta", False)
 
 
 def _trace_region(tracer: fx.Tracer, specs: list[Spec], function, args, kwargs, options: dict):
@@ -136,9 +147,10 @@ def _close_region(tracer: fx.Tracer, spec: Spec, start: fx.Node) -> None:
 @contextlib.contextmanager
 def _impl_route(tracer: fx.Tracer, specs: list[Spec]):
     original = torch_checkpoint._checkpoint_impl
+    owner = threading.get_ident()
 
     def traced(function, args, kwargs, **options):
-        if getattr(tracer, "computing_meta", False):  # a module run on meta tensors for metadata only
+        if not _ours(tracer, owner):  # another thread, or a module run on meta tensors for metadata only
             return original(function, args, kwargs, **options)
         _check_like_eager(kwargs, options)
         return _trace_region(tracer, specs, function, args, kwargs, options)
@@ -159,16 +171,17 @@ def _parts_route(tracer: fx.Tracer, specs: list[Spec]):
     name = next(n for n in _GENERATORS if hasattr(torch_checkpoint, n))
     original_generator = getattr(torch_checkpoint, name)
     signature = inspect.signature(original_generator)
+    owner = threading.get_ident()
 
     def traced_apply(function, preserve_rng_state, *args):
-        if getattr(tracer, "computing_meta", False):
+        if not _ours(tracer, owner):
             return original_apply(function, preserve_rng_state, *args)
         options = {"use_reentrant": True, "preserve_rng_state": preserve_rng_state}
         return _trace_region(tracer, specs, function, args, {}, options)
 
     def traced_generator(*args, **kwargs):
         # checkpoint runs the function itself between the generator's two steps
-        if getattr(tracer, "computing_meta", False):
+        if not _ours(tracer, owner):
             yield from original_generator(*args, **kwargs)
             return
         bound = signature.bind(*args, **kwargs)
@@ -181,6 +194,7 @@ def _parts_route(tracer: fx.Tracer, specs: list[Spec]):
         yield
         _close_region(tracer, spec, start)
 
+    traced_generator.__signature__ = signature  # a nested trace binds torch's signature, not (*args, **kwargs)
     function_class.apply = traced_apply
     setattr(torch_checkpoint, name, traced_generator)
     try:
