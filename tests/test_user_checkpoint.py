@@ -305,7 +305,8 @@ def test_hf_transformers_gradient_checkpointing(reentrant):
         assert _saved_bytes(optimized, x) <= _saved_bytes(model, x)
 
 
-def test_tracing_puts_torch_checkpoint_back_as_it_was():
+def _torch_checkpoint_state():
+    """What fxfuse patches while tracing: torch.utils.checkpoint's functions and CheckpointFunction's own apply."""
     import torch.utils.checkpoint as tc
 
     names = (
@@ -313,13 +314,16 @@ def test_tracing_puts_torch_checkpoint_back_as_it_was():
         "_checkpoint_without_reentrant_generator_impl",
         "_checkpoint_without_reentrant_generator",
     )
-    before = {n: getattr(tc, n) for n in names if hasattr(tc, n)}
-    own_apply = tc.CheckpointFunction.__dict__.get("apply")
+    return {n: getattr(tc, n) for n in names if hasattr(tc, n)}, tc.CheckpointFunction.__dict__.get("apply")
+
+
+def test_tracing_puts_torch_checkpoint_back_as_it_was():
+    before = _torch_checkpoint_state()
     for reentrant in (True, False):
         model = fxfuse.optimize(Net(use_reentrant=reentrant).double())
         assert _checkpoint_calls(model)
-    assert {n: getattr(tc, n) for n in names if hasattr(tc, n)} == before
-    assert tc.CheckpointFunction.__dict__.get("apply") is own_apply
+    after = _torch_checkpoint_state()
+    assert after[0] == before[0] and after[1] is before[1]
 
 
 def test_a_torch_without_the_patched_functions_stops_tracing_with_the_reason(monkeypatch):
@@ -342,15 +346,7 @@ def test_optimize_in_several_threads_keeps_every_checkpoint_and_restores_torch()
     is as it was afterwards."""
     import threading
 
-    import torch.utils.checkpoint as tc
-
-    names = (
-        "_checkpoint_impl",
-        "_checkpoint_without_reentrant_generator_impl",
-        "_checkpoint_without_reentrant_generator",
-    )
-    before = {n: getattr(tc, n) for n in names if hasattr(tc, n)}
-    own_apply = tc.CheckpointFunction.__dict__.get("apply")
+    before = _torch_checkpoint_state()
     results, errors = [], []
 
     def run(reentrant):
@@ -366,5 +362,5 @@ def test_optimize_in_several_threads_keeps_every_checkpoint_and_restores_torch()
         t.join()
     assert not errors and len(results) == 4
     assert all(len(_checkpoint_calls(m)) == 2 for m in results)
-    assert {n: getattr(tc, n) for n in names if hasattr(tc, n)} == before
-    assert tc.CheckpointFunction.__dict__.get("apply") is own_apply
+    after = _torch_checkpoint_state()
+    assert after[0] == before[0] and after[1] is before[1]
