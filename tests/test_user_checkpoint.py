@@ -309,11 +309,7 @@ def _torch_checkpoint_state():
     """What fxfuse patches while tracing: torch.utils.checkpoint's functions and CheckpointFunction's own apply."""
     import torch.utils.checkpoint as tc
 
-    names = (
-        "_checkpoint_impl",
-        "_checkpoint_without_reentrant_generator_impl",
-        "_checkpoint_without_reentrant_generator",
-    )
+    names = ("_checkpoint_impl", *user_checkpoint._GENERATORS)
     return {n: getattr(tc, n) for n in names if hasattr(tc, n)}, tc.CheckpointFunction.__dict__.get("apply")
 
 

@@ -91,18 +91,11 @@ def register_autograd(
 
     def backward_(ctx, *grads):
         needs_input_grad = ctx.needs_input_grad
+        if grads[0] is None:  # only an unused output reached: every input's gradient is zero
+            return (None,) * len(needs_input_grad)
         needs = needs_input_grad[:-1]
         if spliced:
             needs = tuple(_regroup(needs, lists, ctx.fxfuse_lengths))
-        if grads[0] is None:  # only an unused output reached: every input's gradient is zero
-            return (
-                *(
-                    _splice_grads([None] * len(needs), lists, ctx.fxfuse_lengths, op)
-                    if spliced
-                    else [None] * len(needs)
-                ),
-                None,
-            )
         ctx.needs_input_grad = needs
         try:
             result = backward(ctx, *grads)
