@@ -1,0 +1,111 @@
+"""Train-step time and page faults under three CPU allocator settings: how much of a step is the
+kernel handing freed memory back.
+
+    python benchmarks/allocator_faults.py [--model timm.models.dla:dla34] [--shape 8,3,224,224]
+        [--budget 0.45] [--repeats 7] [--settings default,no-trim,thp] [--no-compile]
+
+Each setting runs in a process of its own (the allocator reads its environment at start):
+
+* default: glibc as installed. Freed activation-sized blocks go back to the OS, and the next
+  step's allocations fault them in again, zero-filled;
+* no-trim: MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ so large that glibc keeps every
+  block: no faults after the first steps;
+* thp: THP_MEM_ALLOC_ENABLE=1, torch's transparent huge pages for large tensors (2 MiB faults).
+
+In each, eager channels_last, fxfuse `mode="fast"`, fxfuse `memory_budget`, and `torch.compile`
+without and with `activation_memory_budget=0.5` run interleaved in one process (rounds shuffled).
+Prints the median step (ms, and as a ratio to eager's in the same process) and the median minor
+page faults of a step, from getrusage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+SETTINGS = {
+    "default": {},
+    "no-trim": {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**36)},
+    "thp": {"THP_MEM_ALLOC_ENABLE": "1"},
+}
+
+
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def timed_rounds(steps: dict, repeats: int) -> dict[str, tuple[float, float]]:
+    """Median seconds and median minor faults of one call of each step, rounds in a seeded shuffled order."""
+    for step in steps.values():
+        step()
+        step()
+    seen: dict[str, list[tuple[float, int]]] = {name: [] for name in steps}
+    order = list(steps)
+    for round_ in range(repeats):
+        for name in order:
+            faults = minor_faults()
+            start = time.perf_counter()
+            steps[name]()
+            seen[name].append((time.perf_counter() - start, minor_faults() - faults))
+        random.Random(round_).shuffle(order)
+    return {
+        name: (statistics.median(s for s, _ in values), statistics.median(f for _, f in values))
+        for name, values in seen.items()
+    }
+
+
+def run_one(args) -> None:
+    import torch
+    import torch._functorch.config as functorch_config
+
+    import fxfuse
+    from fxfuse.commands._common import load_model
+    from fxfuse.measure.memory import train_step
+
+    torch.manual_seed(0)
+    x = torch.randn(*map(int, args.shape.split(","))).contiguous(memory_format=torch.channels_last)
+    eager = load_model(args.model).train().to(memory_format=torch.channels_last)
+    models = {
+        "eager": eager,
+        'fxfuse mode="fast"': fxfuse.optimize(copy.deepcopy(eager), x, mode="fast"),
+        f"fxfuse memory_budget={args.budget}": fxfuse.optimize(copy.deepcopy(eager), x, memory_budget=args.budget),
+    }
+    if not args.no_compile:
+        models["compile"] = torch.compile(copy.deepcopy(eager))
+        with functorch_config.patch(activation_memory_budget=0.5):  # read when the first call compiles
+            models["compile, budget 0.5"] = torch.compile(copy.deepcopy(eager))
+            train_step(models["compile, budget 0.5"], (x,))
+    results = timed_rounds({name: (lambda m=m: train_step(m, (x,))) for name, m in models.items()}, args.repeats)
+    base = results["eager"][0]
+    for name, (seconds, faults) in results.items():
+        print(f"{args.setting:8} {name:32} {seconds * 1e3:7.0f} ms {seconds / base:6.3f}x {faults:9.0f} faults")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="timm.models.dla:dla34")
+    parser.add_argument("--shape", default="8,3,224,224")
+    parser.add_argument("--budget", type=float, default=0.45)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile variants")
+    parser.add_argument("--setting", help=argparse.SUPPRESS)  # set in each child process
+    args = parser.parse_args()
+    if args.setting:
+        run_one(args)
+        return
+    for setting in args.settings.split(","):
+        env = {**os.environ, **SETTINGS[setting]}
+        child = [sys.executable, __file__, *sys.argv[1:], "--setting", setting]
+        subprocess.run(child, env=env, check=True)
+
+
+if __name__ == "__main__":
+    main()
