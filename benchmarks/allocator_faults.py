@@ -15,7 +15,7 @@ Each setting runs in a process of its own (the allocator reads its environment a
 In each, eager channels_last, fxfuse `mode="fast"`, fxfuse `memory_budget`, and `torch.compile`
 without and with `activation_memory_budget=0.5` run interleaved in one process (rounds shuffled).
 Prints the median step (ms, and as a ratio to eager's in the same process) and the median minor
-page faults of a step, from getrusage.
+page faults of a step (`fxfuse.measure.median_step_times`, getrusage).
 """
 
 from __future__ import annotations
@@ -23,12 +23,8 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import random
-import resource
-import statistics
 import subprocess
 import sys
-import time
 
 SETTINGS = {
     "default": {},
@@ -37,37 +33,13 @@ SETTINGS = {
 }
 
 
-def minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def timed_rounds(steps: dict, repeats: int) -> dict[str, tuple[float, float]]:
-    """Median seconds and median minor faults of one call of each step, rounds in a seeded shuffled order."""
-    for step in steps.values():
-        step()
-        step()
-    seen: dict[str, list[tuple[float, int]]] = {name: [] for name in steps}
-    order = list(steps)
-    for round_ in range(repeats):
-        for name in order:
-            faults = minor_faults()
-            start = time.perf_counter()
-            steps[name]()
-            seen[name].append((time.perf_counter() - start, minor_faults() - faults))
-        random.Random(round_).shuffle(order)
-    return {
-        name: (statistics.median(s for s, _ in values), statistics.median(f for _, f in values))
-        for name, values in seen.items()
-    }
-
-
 def run_one(args) -> None:
     import torch
     import torch._functorch.config as functorch_config
 
     import fxfuse
     from fxfuse.commands._common import load_model
-    from fxfuse.measure.memory import train_step
+    from fxfuse.measure.memory import median_step_times, train_step
 
     torch.manual_seed(0)
     x = torch.randn(*map(int, args.shape.split(","))).contiguous(memory_format=torch.channels_last)
@@ -82,10 +54,12 @@ def run_one(args) -> None:
         with functorch_config.patch(activation_memory_budget=0.5):  # read when the first call compiles
             models["compile, budget 0.5"] = torch.compile(copy.deepcopy(eager))
             train_step(models["compile, budget 0.5"], (x,))
-    results = timed_rounds({name: (lambda m=m: train_step(m, (x,))) for name, m in models.items()}, args.repeats)
-    base = results["eager"][0]
-    for name, (seconds, faults) in results.items():
-        print(f"{args.setting:8} {name:32} {seconds * 1e3:7.0f} ms {seconds / base:6.3f}x {faults:9.0f} faults")
+    faults: dict[str, float] = {}
+    steps = {name: (lambda m=m: train_step(m, (x,))) for name, m in models.items()}
+    times = median_step_times(steps, repeats=args.repeats, warmup=2, faults=faults)
+    for name, seconds in times.items():
+        counted = f"{faults[name]:9.0f}" if name in faults else "        -"
+        print(f"{args.setting:8} {name:32} {seconds * 1e3:7.0f} ms {seconds / times['eager']:6.3f}x {counted} faults")
 
 
 def main() -> None:

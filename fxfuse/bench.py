@@ -9,7 +9,9 @@ counts (`memory.forward_allocated_bytes`, `memory.step_allocated_peak_bytes`), s
 leaves the C allocator as a training process has it: an earlier version told glibc to
 return every freed block of 64 KiB or more to the OS, for resident-set readings, and every
 timed step then page-faulted its activations in (ResNet-50 batch 8 on CPU: eager 2.4 s per
-step against 1.3 s).
+step against 1.3 s). On CPU each row also has the median minor page faults of a timed step
+(`memory.minor_faults`): with glibc's defaults every step faults its activations in again, and a
+variant that keeps less faults less, which moves small time ratios.
 
 Variants: "eager" (NCHW) and "eager-channels_last"; fxfuse modes "fast", "memory",
 "auto"; "budget=0.7" (fxfuse with memory_budget=0.7), "peak-budget=0.5" (fxfuse with
@@ -68,6 +70,7 @@ class Row:
     fit_counted: Optional[int] = None  # largest batch within the --fit-cap, counted on the meta device
     fit_measured: Optional[int] = None  # the same by real train steps on the device
     fit_ratio: Optional[float] = None  # fit_measured (else fit_counted) over the baseline's
+    step_faults: Optional[float] = None  # median minor page faults of a timed step (CPU, where counted)
 
 
 # ------------------------------------------------------------------ variants
@@ -344,12 +347,15 @@ def compare(
         resident[name] = memory.forward_allocated_bytes(model, x)
         peak[name] = _peak_bytes(model, x)
     log(f"timing train steps ({repeats} interleaved repeats)")
+    faults: dict[str, float] = {}
+    on_cpu = all(x.device.type == "cpu" for x in memory.tensors(inputs))
     times = memory.median_step_times(
         {
             name: (lambda m=model, x=variant_inputs(inputs, name, memory_format): memory.train_step(m, x))
             for name, model in variants.items()
         },
         repeats=repeats,
+        faults=faults if on_cpu else None,
     )
     baselines = [name for name in variants if is_baseline(name)] or [next(iter(variants))]
     base = min(baselines, key=times.__getitem__)
@@ -371,6 +377,7 @@ def compare(
             peak[name],
             ratio(peak, name),
             baseline=name == base,
+            step_faults=faults.get(name),
         )
         for name in variants
     ]
@@ -469,6 +476,9 @@ def render(rows: list[Row], frontier: bool = False) -> str:
         "train step",
         "ratio",
     ]
+    if any(r.step_faults is not None for r in rows):
+        headers.append("page faults/step")
+        table = [(*line, "-" if r.step_faults is None else f"{r.step_faults:.0f}") for line, r in zip(table, rows)]
     fit_columns = [
         (attr, header)
         for attr, header in (("fit_counted", "batch in cap (counted)"), ("fit_measured", "batch in cap (measured)"))

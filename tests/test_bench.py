@@ -154,6 +154,19 @@ def test_compare_rows_are_ratios_to_eager():
         assert r.peak_bytes is None or r.peak_bytes >= 0  # tiny tensors can fit in already-resident heap
     text = bench.render(rows)
     assert "peak in step" in text and "budget=0.8" in text
+    if measure.minor_faults() is not None:  # CPU inputs: each row has its step's page faults
+        assert all(r.step_faults is not None and r.step_faults >= 0 for r in rows)
+        assert "page faults/step" in text
+
+
+def test_page_faults_are_a_column_only_where_counted():
+    rows = [bench.Row("eager", 100, 100, 1.0, baseline=True), bench.Row("memory", 50, 60, 1.1, 0.5, 0.6, 1.1)]
+    assert "page faults/step" not in bench.render(rows)
+    rows[0].step_faults, rows[1].step_faults = 1200.0, 300.0
+    lines = bench.render(rows).splitlines()
+    assert lines[0].rstrip().endswith("page faults/step")
+    assert lines[2].rstrip().endswith("1200") and lines[3].rstrip().endswith("300")
+    assert bench.from_json(bench.to_json(rows))[1].step_faults == 300.0
 
 
 def test_allocator_peak_counts_tensors_whatever_the_c_allocator_keeps():

@@ -2,12 +2,14 @@
 
 import copy
 
+import pytest
 import torch
 import torchvision
 from torch import nn
 
 import fxfuse
 from fxfuse import measure
+from fxfuse.measure import memory
 
 
 def test_saved_bytes_fall_on_resnet18():
@@ -40,8 +42,27 @@ def test_median_step_times_runs_every_variant():
     assert set(times) == {"a", "b"} and calls.count("a") == 4  # one warm-up + three timed
 
 
+@pytest.mark.skipif(measure.minor_faults() is None, reason="no page-fault count on this platform")
+def test_median_step_times_counts_the_page_faults_of_fresh_memory():
+    def fresh():  # 64 MiB: above glibc's largest mmap threshold, so each call maps and faults it anew
+        torch.empty(16 * 2**20).fill_(1.0)
+
+    faults: dict = {}
+    times = measure.median_step_times({"fresh": fresh, "nothing": lambda: None}, repeats=3, faults=faults)
+    assert set(times) == set(faults) == {"fresh", "nothing"}
+    assert faults["fresh"] > faults["nothing"] >= 0
+
+
+def test_median_step_times_counts_no_faults_unless_asked_or_counted(monkeypatch):
+    assert set(measure.median_step_times({"a": lambda: None}, repeats=1)) == {"a"}
+    monkeypatch.setattr(memory, "resource", None)
+    assert measure.minor_faults() is None
+    faults: dict = {}
+    measure.median_step_times({"a": lambda: None}, repeats=1, faults=faults)
+    assert faults == {}
+
+
 def test_timed_waits_for_the_device_work_it_times(monkeypatch):
-    from fxfuse.measure import memory
 
     calls = []
     monkeypatch.setattr(memory, "synchronize", lambda: calls.append("sync"))
@@ -50,7 +71,6 @@ def test_timed_waits_for_the_device_work_it_times(monkeypatch):
 
 
 def test_median_step_times_synchronizes_around_each_timed_call(monkeypatch):
-    from fxfuse.measure import memory
 
     calls = []
     monkeypatch.setattr(memory, "synchronize", lambda: calls.append("sync"))

@@ -7,7 +7,8 @@
   which does not depend on what the C allocator keeps resident; the resident-set readings
   (`forward_resident_bytes`, `step_peak_bytes`) need MALLOC_MMAP_THRESHOLD_=65536 in the
   environment at process start, so that freed blocks go back to the OS;
-* time: median train step, reported as a ratio against eager measured in the same process.
+* time: median train step, reported as a ratio against eager measured in the same process,
+  with the minor page faults of a step beside it where the platform counts them.
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ import statistics
 import sys
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
 
 
 def storage_key(t: torch.Tensor):
@@ -259,20 +265,43 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def median_step_times(steps: dict[str, Callable[[], None]], repeats: int = 5, warmup: int = 1) -> dict[str, float]:
+def minor_faults() -> Optional[int]:
+    """Minor page faults of this process so far (every thread), or None where getrusage has no count.
+
+    On CPU a fault is memory the kernel hands over, zero-filled: with glibc's defaults a freed
+    activation-sized block goes back to the OS and the next step faults it in again, which can
+    be a tenth of a step and differs between variants that keep different amounts."""
+    if resource is None:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def median_step_times(
+    steps: dict[str, Callable[[], None]],
+    repeats: int = 5,
+    warmup: int = 1,
+    faults: Optional[dict[str, float]] = None,
+) -> dict[str, float]:
     """Median seconds per call of each function, calls interleaved so drift hits all alike.
 
     Each round runs the functions in a new order (a fixed seed, so a rerun repeats it): in a
     fixed order each variant always follows the same one and inherits what that one left in
-    the allocator and caches."""
+    the allocator and caches. With `faults` (a dict), it also gets each function's median minor
+    page faults per call (`minor_faults`), where the platform counts them."""
     for fn in steps.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in steps}
+    counts: dict[str, list[int]] = {name: [] for name in steps}
     order = list(steps)
     shuffle = random.Random(0).shuffle
     for _ in range(repeats):
         for name in order:
+            before = minor_faults()
             times[name].append(timed(steps[name]))
+            if before is not None:
+                counts[name].append(minor_faults() - before)
         shuffle(order)
+    if faults is not None:
+        faults.update({name: statistics.median(c) for name, c in counts.items() if c})
     return {name: statistics.median(ts) for name, ts in times.items()}
