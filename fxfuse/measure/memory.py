@@ -270,7 +270,7 @@ def minor_faults() -> Optional[int]:
 
     On CPU a fault is memory the kernel hands over, zero-filled: with glibc's defaults a freed
     activation-sized block goes back to the OS and the next step faults it in again, which can
-    be a tenth of a step and differs between variants that keep different amounts."""
+    cost several percent of a step and can differ between variants that keep different amounts."""
     if resource is None:
         return None
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
