@@ -6,11 +6,16 @@ kernel handing freed memory back.
 
 Each setting runs in a process of its own (the allocator reads its environment at start):
 
-* default: glibc as installed. Freed activation-sized blocks go back to the OS, and the next
-  step's allocations fault them in again, zero-filled;
+* default: glibc as installed. Blocks above its mmap threshold (which adapts, up to 32 MiB) and
+  free heap above its trim threshold go back to the OS, and the next step faults them in again;
 * no-trim: MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ so large that glibc keeps every
-  block: no faults after the first steps;
-* thp: THP_MEM_ALLOC_ENABLE=1, torch's transparent huge pages for large tensors (2 MiB faults).
+  block: no faults after the first steps (glibc 2.26 or later; older glibc caps the threshold);
+* thp: THP_MEM_ALLOC_ENABLE=1, torch's transparent huge pages for large tensors (a fault can be
+  2 MiB, so counts are not bytes across settings; the kernel's THP mode decides, and is printed).
+
+Each child starts from this environment less every allocator setting in it (`child_env`), so
+that "default" is the allocator as installed. Run it with TORCHINDUCTOR_FORCE_DISABLE_CACHES=1,
+so that the budget-0.5 compile compiles anew rather than reusing a cached graph.
 
 In each, eager channels_last, fxfuse `mode="fast"`, fxfuse `memory_budget`, and `torch.compile`
 without and with `activation_memory_budget=0.5` run interleaved in one process (rounds shuffled).
@@ -31,6 +36,26 @@ SETTINGS = {
     "no-trim": {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**36)},
     "thp": {"THP_MEM_ALLOC_ENABLE": "1"},
 }
+# What else in an environment changes the allocator (glibc's other MALLOC_ variables, its tunables,
+# a preloaded jemalloc or tcmalloc).
+_ALLOCATOR_VARIABLES = ("GLIBC_TUNABLES", "LD_PRELOAD", "THP_MEM_ALLOC_ENABLE")
+
+
+def child_env(setting: str, environ: dict[str, str]) -> dict[str, str]:
+    """`environ` without any allocator setting, then with `setting`'s."""
+    clean = {k: v for k, v in environ.items() if not k.startswith("MALLOC_") and k not in _ALLOCATOR_VARIABLES}
+    return {**clean, **SETTINGS[setting]}
+
+
+def _system() -> str:
+    import platform
+
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = f.read().strip()
+    except OSError:
+        thp = "unknown"
+    return f"libc {' '.join(platform.libc_ver()) or 'unknown'}, transparent_hugepage {thp}"
 
 
 def run_one(args) -> None:
@@ -73,12 +98,18 @@ def main() -> None:
     parser.add_argument("--setting", help=argparse.SUPPRESS)  # set in each child process
     args = parser.parse_args()
     if args.setting:
+        if child_env(args.setting, dict(os.environ)) != dict(os.environ):
+            parser.error("--setting is for the child processes this script starts")
         run_one(args)
         return
-    for setting in args.settings.split(","):
-        env = {**os.environ, **SETTINGS[setting]}
+    settings = args.settings.split(",")
+    unknown = [s for s in settings if s not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown settings {', '.join(unknown)}: choose from {', '.join(SETTINGS)}")
+    print(_system())
+    for setting in settings:
         child = [sys.executable, __file__, *sys.argv[1:], "--setting", setting]
-        subprocess.run(child, env=env, check=True)
+        subprocess.run(child, env=child_env(setting, dict(os.environ)), check=True)
 
 
 if __name__ == "__main__":

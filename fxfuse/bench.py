@@ -10,8 +10,8 @@ leaves the C allocator as a training process has it: an earlier version told gli
 return every freed block of 64 KiB or more to the OS, for resident-set readings, and every
 timed step then page-faulted its activations in (ResNet-50 batch 8 on CPU: eager 2.4 s per
 step against 1.3 s). On CPU each row also has the median minor page faults of a timed step
-(`memory.minor_faults`): with glibc's defaults every step faults its activations in again, and a
-variant that keeps less faults less, which moves small time ratios.
+(`memory.minor_faults`): with glibc's defaults a step faults its large blocks in again, and
+variants can fault differently, which moves small time ratios.
 
 Variants: "eager" (NCHW) and "eager-channels_last"; fxfuse modes "fast", "memory",
 "auto"; "budget=0.7" (fxfuse with memory_budget=0.7), "peak-budget=0.5" (fxfuse with

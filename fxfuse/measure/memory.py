@@ -268,9 +268,10 @@ def timed(fn: Callable[[], Any]) -> float:
 def minor_faults() -> Optional[int]:
     """Minor page faults of this process so far (every thread), or None where getrusage has no count.
 
-    On CPU a fault is memory the kernel hands over, zero-filled: with glibc's defaults a freed
-    activation-sized block goes back to the OS and the next step faults it in again, which can
-    cost several percent of a step and can differ between variants that keep different amounts."""
+    On CPU most are memory the kernel hands over: with glibc's defaults, blocks above its mmap
+    threshold (which adapts, up to 32 MiB) go back to the OS when freed and the next step faults
+    them in again, which can cost several percent of a step and can differ between variants that
+    keep different amounts."""
     if resource is None:
         return None
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -297,7 +298,7 @@ def median_step_times(
     shuffle = random.Random(0).shuffle
     for _ in range(repeats):
         for name in order:
-            before = minor_faults()
+            before = minor_faults() if faults is not None else None
             times[name].append(timed(steps[name]))
             if before is not None:
                 counts[name].append(minor_faults() - before)
