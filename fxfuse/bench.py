@@ -11,7 +11,9 @@ return every freed block of 64 KiB or more to the OS, for resident-set readings,
 timed step then page-faulted its activations in (ResNet-50 batch 8 on CPU: eager 2.4 s per
 step against 1.3 s). On CPU each row also has the median minor page faults of a timed step
 (`memory.minor_faults`): with glibc's defaults a step faults its large blocks in again, and
-variants can fault differently, which moves small time ratios.
+variants can fault differently, which moves small time ratios. With three repeats or more, each
+step time also shows the interquartile range of its rounds over its median, so that a difference
+smaller than the noise of the run reads as such.
 
 Variants: "eager" (NCHW) and "eager-channels_last"; fxfuse modes "fast", "memory",
 "auto"; "budget=0.7" (fxfuse with memory_budget=0.7), "peak-budget=0.5" (fxfuse with
@@ -71,6 +73,7 @@ class Row:
     fit_measured: Optional[int] = None  # the same by real train steps on the device
     fit_ratio: Optional[float] = None  # fit_measured (else fit_counted) over the baseline's
     step_faults: Optional[float] = None  # median minor page faults of a timed step (CPU, where counted)
+    step_spread: Optional[float] = None  # interquartile range of the timed steps over their median (3+ repeats)
 
 
 # ------------------------------------------------------------------ variants
@@ -348,6 +351,7 @@ def compare(
         peak[name] = _peak_bytes(model, x)
     log(f"timing train steps ({repeats} interleaved repeats)")
     faults: dict[str, float] = {}
+    spread: dict[str, float] = {}
     on_cpu = all(x.device.type == "cpu" for x in memory.tensors(inputs))
     times = memory.median_step_times(
         {
@@ -356,6 +360,7 @@ def compare(
         },
         repeats=repeats,
         faults=faults if on_cpu else None,
+        spread=spread,
     )
     baselines = [name for name in variants if is_baseline(name)] or [next(iter(variants))]
     base = min(baselines, key=times.__getitem__)
@@ -378,6 +383,7 @@ def compare(
             ratio(peak, name),
             baseline=name == base,
             step_faults=faults.get(name),
+            step_spread=spread.get(name),
         )
         for name in variants
     ]
@@ -460,7 +466,7 @@ def render(rows: list[Row], frontier: bool = False) -> str:
             x(r.resident_ratio),
             size(r.peak_bytes),
             x(r.peak_ratio),
-            f"{r.step_seconds * 1e3:.0f} ms",
+            f"{r.step_seconds * 1e3:.0f} ms" + ("" if r.step_spread is None else f" (IQR {r.step_spread:.0%})"),
             x(r.time_ratio),
         )
         for r in rows

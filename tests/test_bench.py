@@ -169,6 +169,12 @@ def test_page_faults_are_a_column_only_where_counted():
     assert bench.from_json(bench.to_json(rows))[1].step_faults == 300.0
 
 
+def test_step_times_show_their_rounds_spread_where_measured():
+    rows = [bench.Row("eager", 100, 100, 0.5, baseline=True, step_spread=0.04), bench.Row("memory", 50, 60, 0.6)]
+    eager, memory_row = bench.render(rows).splitlines()[2:]
+    assert "500 ms (IQR 4%)" in eager and "600 ms" in memory_row and "IQR" not in memory_row
+
+
 def test_allocator_peak_counts_tensors_whatever_the_c_allocator_keeps():
     """The bench's memory numbers count the allocator's bytes: freed and reused memory, or
     pages the C allocator keeps resident, do not change them."""

@@ -81,6 +81,17 @@ def test_median_step_times_counts_no_faults_unless_asked_or_counted(monkeypatch)
     assert faults == {}
 
 
+def test_median_step_times_gives_the_rounds_interquartile_range_over_the_median(monkeypatch):
+    seconds = iter([1.0, 5.0, 2.0, 4.0, 3.0])
+    monkeypatch.setattr(memory, "timed", lambda fn: next(seconds))
+    spread: dict = {}
+    times = measure.median_step_times({"a": lambda: None}, repeats=5, spread=spread)
+    assert times == {"a": 3.0} and spread["a"] == pytest.approx((4.0 - 2.0) / 3.0)
+    monkeypatch.setattr(memory, "timed", lambda fn: 1.0)
+    measure.median_step_times({"a": lambda: None}, repeats=2, spread=(fewer := {}))
+    assert fewer == {}  # no quartiles from two rounds
+
+
 def test_timed_waits_for_the_device_work_it_times(monkeypatch):
 
     calls = []

@@ -282,13 +282,15 @@ def median_step_times(
     repeats: int = 5,
     warmup: int = 1,
     faults: Optional[dict[str, float]] = None,
+    spread: Optional[dict[str, float]] = None,
 ) -> dict[str, float]:
     """Median seconds per call of each function, calls interleaved so drift hits all alike.
 
     Each round runs the functions in a new order (a fixed seed, so a rerun repeats it): in a
     fixed order each variant always follows the same one and inherits what that one left in
     the allocator and caches. With `faults` (a dict), it also gets each function's median minor
-    page faults per call (`minor_faults`), where the platform counts them."""
+    page faults per call (`minor_faults`), where the platform counts them; with `spread`, the
+    interquartile range of each function's timed calls over their median (from three repeats)."""
     for fn in steps.values():
         for _ in range(warmup):
             fn()
@@ -305,4 +307,8 @@ def median_step_times(
         shuffle(order)
     if faults is not None:
         faults.update({name: statistics.median(c) for name, c in counts.items() if c})
+    if spread is not None and repeats >= 3:
+        for name, ts in times.items():
+            q1, _, q3 = statistics.quantiles(ts, n=4, method="inclusive")
+            spread[name] = (q3 - q1) / statistics.median(ts)
     return {name: statistics.median(ts) for name, ts in times.items()}
