@@ -17,8 +17,8 @@ Each child starts from this environment less every allocator setting in it (`chi
 that "default" is the allocator as installed. Run it with TORCHINDUCTOR_FORCE_DISABLE_CACHES=1,
 so that the budget-0.5 compile compiles anew rather than reusing a cached graph.
 
-In each, eager channels_last, fxfuse `mode="fast"`, fxfuse `memory_budget`, and `torch.compile`
-without and with `activation_memory_budget=0.5` run interleaved in one process (rounds shuffled).
+In each, `fxfuse bench`'s variants eager-channels_last, fast, budget=B, compile and
+compile-budget=0.5 (`fxfuse.bench.make_variant`) run interleaved in one process (rounds shuffled).
 Prints the median step (ms, and as a ratio to eager's in the same process) and the median minor
 page faults of a step (`fxfuse.measure.median_step_times`, getrusage).
 """
@@ -26,7 +26,6 @@ page faults of a step (`fxfuse.measure.median_step_times`, getrusage).
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import subprocess
 import sys
@@ -60,31 +59,28 @@ def _system() -> str:
 
 def run_one(args) -> None:
     import torch
-    import torch._functorch.config as functorch_config
 
-    import fxfuse
+    from fxfuse import bench
     from fxfuse.commands._common import load_model
     from fxfuse.measure.memory import median_step_times, train_step
 
     torch.manual_seed(0)
-    x = torch.randn(*map(int, args.shape.split(","))).contiguous(memory_format=torch.channels_last)
-    eager = load_model(args.model).train().to(memory_format=torch.channels_last)
-    models = {
-        "eager": eager,
-        'fxfuse mode="fast"': fxfuse.optimize(copy.deepcopy(eager), x, mode="fast"),
-        f"fxfuse memory_budget={args.budget}": fxfuse.optimize(copy.deepcopy(eager), x, memory_budget=args.budget),
-    }
-    if not args.no_compile:
-        models["compile"] = torch.compile(copy.deepcopy(eager))
-        with functorch_config.patch(activation_memory_budget=0.5):  # read when the first call compiles
-            models["compile, budget 0.5"] = torch.compile(copy.deepcopy(eager))
-            train_step(models["compile, budget 0.5"], (x,))
+    x = (torch.randn(*map(int, args.shape.split(","))),)
+    model = load_model(args.model).train()
+    # fxfuse bench's own variants: each compiled one gets a graph of its own (bench.BudgetCompiled), where two
+    # torch.compile copies of one model would share the first one's graph and its budget.
+    names = [bench.EAGER_CHANNELS_LAST, "fast", f"budget={args.budget:g}"]
+    names += [] if args.no_compile else ["compile", "compile-budget=0.5"]
+    layout = torch.channels_last
+    models = {name: bench.make_variant(name, model, x, layout) for name in names}
+    inputs = {name: bench.variant_inputs(x, name, layout) for name in names}
+    steps = {name: (lambda m=m, i=inputs[name]: train_step(m, i)) for name, m in models.items()}
     faults: dict[str, float] = {}
-    steps = {name: (lambda m=m: train_step(m, (x,))) for name, m in models.items()}
     times = median_step_times(steps, repeats=args.repeats, warmup=2, faults=faults)
+    base = times[bench.EAGER_CHANNELS_LAST]
     for name, seconds in times.items():
         counted = f"{faults[name]:9.0f}" if name in faults else "        -"
-        print(f"{args.setting:8} {name:32} {seconds * 1e3:7.0f} ms {seconds / times['eager']:6.3f}x {counted} faults")
+        print(f"{args.setting:8} {name:32} {seconds * 1e3:7.0f} ms {seconds / base:6.3f}x {counted} faults")
 
 
 def main() -> None:
