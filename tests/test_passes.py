@@ -9,7 +9,9 @@ def test_every_pass_is_declared_the_same_way_with_a_reason():
     assert len({p.run for p in PASSES}) == len(PASSES)
 
 
-def test_inplace_add_runs_last():
-    # It adds into fused outputs, which exist only once every site is rewritten.
-    assert PASSES[-1].run.__module__.endswith("inplace_add")
-    assert sum(not isinstance(p.run, FusionPass) for p in PASSES) == 3  # bn_act_conv, cat_input and inplace_add
+def test_inplace_add_runs_after_the_fusing_passes_and_rebuild_last():
+    # inplace_add adds into fused outputs, which exist only once every site is rewritten; rebuild must
+    # see every node that may write into a BN→act output, add_into included.
+    assert PASSES[-2].run.__module__.endswith("inplace_add")
+    assert PASSES[-1].run.__module__.endswith("passes.rebuild")
+    assert sum(not isinstance(p.run, FusionPass) for p in PASSES) == 4  # bn_act_conv, cat_input, inplace_add, rebuild

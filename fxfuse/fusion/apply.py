@@ -27,7 +27,7 @@ def apply(root: nn.Module, captured: Capture, options: Options) -> tuple[fx.Grap
     graph, plan = own.traced.graph, options.plan
     found = Findings(notes=own.notes)
     sites = set(plan.sites) if plan.sites is not None else None
-    run_passes(PassContext(graph, root, options.pass_mode, found, own.shapes, sites))
+    run_passes(PassContext(graph, root, options.pass_mode, found, own.shapes, sites, plan.rebuild))
     if own.traced.user_checkpoints:
         found.notes.extend(user_checkpoint.extract(graph, own.traced.user_checkpoints, SITE_META))
     if plan.regions:

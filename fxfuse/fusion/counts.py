@@ -8,6 +8,7 @@ call's `Captures`): shapes, no compute, nothing of the user's touched, and no tr
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 
 from .. import measure
 from ..measure.traffic import OpCosts
+from ..ops import rebuild
 from . import install
 from .capture import Captures
 from .plan import Findings, Options, Plan
@@ -32,6 +34,13 @@ class Counts:
 
     def plan_bytes(self, plan: Plan) -> int:
         return measure.saved_activation_bytes_meta(self.model, self.inputs, prepare=self._prepare(plan))
+
+    def rebuild_counts(self, plan: Plan) -> tuple[int, int, int]:
+        """`plan` with its BN→activation outputs rebuilt (Plan.rebuild): its saved bytes, and the bytes and
+        number of tensors backward rebuilds."""
+        with rebuild.Tally() as tally:
+            saved = self.plan_bytes(dataclasses.replace(plan, rebuild=True))
+        return saved, tally.bytes, tally.count
 
     def eager_peak(self) -> int:
         return measure.step_peak_bytes_meta(self.model, self.inputs)

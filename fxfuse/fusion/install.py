@@ -47,6 +47,7 @@ from torch.nn.modules import module as _nn_module
 from torch.utils.module_tracker import ModuleTracker
 
 from .. import measure
+from ..ops import rebuild
 from ..ops.higher_order import transformed
 from . import graphs, layout, tracing
 from .apply import apply
@@ -244,6 +245,9 @@ def _fused_forward(self, *args, **kwargs):
                 table[key] = table[state.last_key]
         state.last_key = key
         _note_call_time_build(self, state)
+    if state.options.plan.rebuild:
+        with rebuild.Scope():
+            return fn(self, *args, **kwargs)
     return fn(self, *args, **kwargs)
 
 

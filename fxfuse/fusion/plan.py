@@ -138,6 +138,7 @@ class Plan:
     sites: Optional[frozenset] = None  # names of the sites the passes may rewrite (None: every site)
     regions: tuple = ()  # groups of region names (fusion/regions/graph.py) to recompute, in graph order
     flat_links: frozenset = frozenset()  # (first, second) links of those groups run as one region
+    rebuild: bool = False  # BN→activation outputs rebuilt in backward for the ops that keep them (passes/rebuild.py)
     choice: Optional[Choice] = field(default=None, compare=False)  # why the policy chose it (None: no policy ran)
 
     def scoped(self, path: str) -> Plan:
@@ -148,6 +149,7 @@ class Plan:
             None if self.sites is None else frozenset(_scoped_names(self.sites, path)),
             tuple(_scoped_names(self.regions, path)),
             frozenset(_scoped_names(self.flat_links, path)),
+            self.rebuild,
         )
 
 

@@ -103,7 +103,8 @@ class Decision:
 
     @property
     def plan(self) -> Plan:
-        return Plan(self.allowed, self.groups, self.flat_links, choice_of(self))
+        rebuild = self.selection is not None and self.selection.rebuild is not None
+        return Plan(self.allowed, self.groups, self.flat_links, rebuild, choice_of(self))
 
     @property
     def met(self) -> Optional[bool]:
@@ -119,7 +120,7 @@ class Decision:
 
 
 def plan_of(selection: Selection) -> Plan:
-    return Plan(selection.allowed, selection.groups, selection.flat_links)
+    return Plan(selection.allowed, selection.groups, selection.flat_links, selection.rebuild is not None)
 
 
 def _intrinsic_flops_per_byte(model: nn.Module, site: SiteData) -> Optional[float]:
@@ -232,6 +233,19 @@ def _region_profile(counts: Counts, pointwise: list[SiteData], notes: list[str])
     return profile
 
 
+def _rebuild_entry(counts: Counts, pointwise: list[SiteData], notes: list[str]) -> Optional[RegionCandidate]:
+    """The ranking's rebuild entry (passes/rebuild.py), from two meta-device counts of the pointwise-only
+    selection; None where rebuilding frees nothing. Each rebuild reads the BN input and writes the output."""
+    base = Plan(allowed_names([], pointwise)[0])
+    try:
+        rebuilt, moved, count = counts.rebuild_counts(base)
+        freed = counts.plan_bytes(base) - rebuilt
+    except Exception as exc:  # noqa: BLE001 - the rebuild is optional: the rest of the ranking still applies
+        notes.append(f"no rebuilt activations: counting them on the meta device raised {type(exc).__name__}: {exc}")
+        return None
+    return ranking.rebuild_candidate(freed, 2 * moved, count) if freed > 0 else None
+
+
 def choose_budget(
     model: nn.Module,
     memory: list[SiteData],
@@ -251,7 +265,7 @@ def choose_budget(
     else:  # reported beside the saved bytes
         decision.eager_peak_bytes = _optional(counts.eager_peak)
     profile = _region_profile(counts, pointwise, decision.notes)
-    ranking = rank(upgrades, profile)
+    ranking = rank(upgrades, profile, _rebuild_entry(counts, pointwise, decision.notes))
     order = [r.name for r in profile.regions] if profile else []
     selections = [select(ranking[:k], pointwise, order) for k in range(len(ranking) + 1)]
     gains = [estimated_gain(s) for s in selections]
@@ -503,6 +517,12 @@ def _flatten_within_peak(selection: Selection, target: float, counts: Counts, de
 
 def _region_choice(entry: RegionCandidate, limit: str, flat_links: frozenset = frozenset()) -> RegionChoice:
     cost = entry.cost
+    if entry.kind == "rebuild":
+        what = (
+            "the ops that keep a BatchNorm→activation output for backward keep its BN input and statistics "
+            "instead (kept anyway); backward rebuilds the output with one pointwise pass per op"
+        )
+        return RegionChoice(cost.name, "rebuild", 0, cost.freed_bytes, f"{limit}: {entry.describe()}; {what}")
     if entry.kind == "region":
         what = f"{cost.kind} keeps only its inputs; backward runs its forward again (sites inside: pointwise form)"
         return RegionChoice(cost.name, cost.kind, cost.flops, cost.freed_bytes, f"{limit}: {entry.describe()}; {what}")
@@ -537,7 +557,8 @@ def choice_of(decision: Decision) -> Choice:
     # An inner region a region around it replaced (ranking.select) is not recomputed on its own.
     recomputed = [e for e in decision.chosen if isinstance(e, RegionCandidate)]
     if decision.selection is not None:
-        recomputed = [e for e in recomputed if e in decision.selection.regions or e in decision.selection.links]
+        kept = [*decision.selection.regions, *decision.selection.links, decision.selection.rebuild]
+        recomputed = [e for e in recomputed if any(e is k for k in kept)]
     regions = [e.cost for e in recomputed if e.kind == "region"]
     shares_layers = {p.names for c in decision.rejected if isinstance(c, Candidate) for p in c.fallback}
     return Choice(

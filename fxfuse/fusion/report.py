@@ -222,6 +222,8 @@ def _say_choice(report: FusionReport, choice: Choice) -> None:
         cost = c.cost or _per_byte(c.flops_per_byte)
         if not c.region:
             reason = f"recompute not chosen: {cost}, {why}"
+        elif c.pattern[0] == "rebuild":
+            reason = f"not rebuilt in backward: {cost} (frees {format_bytes(c.freed_bytes)}), {why}"
         else:
             kind = c.pattern[0]
             reason = (

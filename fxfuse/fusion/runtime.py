@@ -224,14 +224,18 @@ def layer_norm_linear_module(x: Tensor, norm: nn.LayerNorm, linear: nn.Linear) -
     return ops.layer_norm_linear(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)
 
 
-def bn_act_module(x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float, pieces: Optional[list] = None) -> Tensor:
-    """`act(bn(x))`, keeping only `x` (or `pieces`) and the statistics for backward."""
+def bn_act_module(
+    x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float, pieces: Optional[list] = None, rebuild: bool = False
+) -> Tensor:
+    """`act(bn(x))`, keeping only `x` (or `pieces`) and the statistics for backward; with `rebuild`, the ops
+    that keep its output keep those instead (ops/rebuild.py, passes/rebuild.py)."""
     if not (kernels_apply(x, _bn_tensors(bn)) and x.shape[1] == bn.num_features):
         return _eager_bn_act(x, bn, act, act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
     return ops.batch_norm_act(
-        x, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param, pieces=pieces
-    )
+        x, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
+        pieces=pieces, rebuildable=rebuild,
+    )  # fmt: skip
 
 
 def bn_act_conv_module(

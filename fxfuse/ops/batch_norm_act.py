@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import compiled
+from . import compiled, rebuild
 from .autograd_kernel import register_autograd
-from .checks import apply_activation, check_act, fused_call, kernels_apply, stats_like
+from .checks import apply_activation, autocast_on, check_act, fused_call, kernels_apply, stats_like
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["batch_norm_act", "update_running_stats"]
@@ -98,10 +98,13 @@ def batch_norm_act(
     act_param: float = 0.0,
     *,
     pieces: Optional[Sequence[Tensor]] = None,
+    rebuildable: bool = False,
 ) -> Tensor:
     """`act(F.batch_norm(input, ...))` that keeps only `input` and the statistics for backward.
 
-    `pieces`: `input` is `torch.cat(pieces, 1)`; the pieces are kept instead (ops/cat_input.py)."""
+    `pieces`: `input` is `torch.cat(pieces, 1)`; the pieces are kept instead (ops/cat_input.py).
+    `rebuildable`: inside a `rebuild.Scope`, an op that keeps the output for backward keeps `input`
+    and the statistics instead (ops/rebuild.py)."""
     check_act(act)
     count = input.numel() // input.shape[1] if input.dim() >= 2 and input.shape[1] else 0
     if not (
@@ -118,11 +121,15 @@ def batch_norm_act(
             input, running_mean, running_var, weight, bias, training, momentum, eps, act, act_param
         )
     op, head = fused_call("batch_norm_act", input, pieces)
-    out, mean, _, unbiased_var = op(
+    out, mean, var, unbiased_var = op(
         *head, weight, bias, running_mean, running_var, training, eps, act, float(act_param)
     )
     if training and running_mean is not None and running_var is not None:
         update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)
+    if rebuildable and not pieces and rebuild.active() and not autocast_on(input.device.type):
+        if not training:  # running statistics, which a later training call updates in place
+            mean, var = mean.clone(), var.clone()
+        rebuild.register(out, input, mean, var, weight, bias, eps, act, float(act_param))
     return out
 
 

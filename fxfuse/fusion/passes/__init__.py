@@ -28,6 +28,7 @@ from . import (
     layer_scale,
     linear_conv_act,
     max_pool2d,
+    rebuild,
 )
 from .context import PassContext
 
@@ -55,7 +56,8 @@ PASSES = (
     Pass(avg_pool2d.PASS, "reads no other pass's nodes; before cat_input, which must not count a pooled input as kept"),
     Pass(max_pool2d.PASS, "likewise: reads no other pass's nodes, and keeps none of its input"),
     Pass(cat_input.run, "after every fused op exists: a concatenated input is kept as its pieces where those are kept"),
-    Pass(inplace_add.run, "last: adds into fused outputs, which exist once every site is rewritten"),
+    Pass(inplace_add.run, "adds into fused outputs, which exist once every site is rewritten"),
+    Pass(rebuild.run, "last (where the plan asks): marks BN→act outputs no later node writes into or aliases"),
 )
 
 

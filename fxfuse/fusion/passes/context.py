@@ -21,6 +21,8 @@ class PassContext:
     shapes: dict[fx.Node, object] = field(default_factory=dict)
     # The sites (tuples of names) the plan lets the passes rewrite; None means every site.
     allowed: Optional[set[tuple[str, ...]]] = None
+    # BN→activation outputs are rebuilt in backward for the ops that keep them (passes/rebuild.py).
+    rebuild: bool = False
 
     def __post_init__(self) -> None:
         self.modules = dict(self.root.named_modules())

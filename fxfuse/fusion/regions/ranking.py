@@ -11,7 +11,10 @@ convs and matmuls, bytes moved for the rest):
 * an *inner region* (a module inside a block: DenseNet's layer inside a dense block) is a
   region too; a region around it, where chosen later in the ranking, replaces it;
 * a *link*: two consecutive chosen regions become one chain, so the second no longer
-  keeps its input; costs running the first again.
+  keeps its input; costs running the first again;
+* the *rebuild* (one entry, where the model has rebuildable sites): every BN→activation output
+  that other ops keep is rebuilt for them in backward from the BN input (passes/rebuild.py);
+  costs one pointwise pass per op that keeps one, counted on the meta device.
 
 Entries are sorted by estimated seconds per byte, cheapest first (a region's or link's time
 weighted by REGION_TIME_COST, its measured extra cost); a link never comes before its two
@@ -89,7 +92,7 @@ class RegionCandidate:
 
     @property
     def name(self) -> str:
-        return self.cost.name if self.kind == "region" else f"{self.cost.first}→{self.cost.second}"
+        return f"{self.cost.first}→{self.cost.second}" if self.kind == "link" else self.cost.name
 
     @property
     def marginal_bytes(self) -> int:
@@ -97,8 +100,10 @@ class RegionCandidate:
 
     @property
     def seconds(self) -> float:
-        """Its recompute's estimated time, weighted by REGION_TIME_COST."""
-        return REGION_TIME_COST * time_model.seconds(self.cost.flops, self.cost.moved, self.cost.ops)
+        """Its recompute's estimated time, weighted by REGION_TIME_COST (a rebuild runs one kernel per
+        tensor, no forward again: not weighted)."""
+        weight = 1.0 if self.kind == "rebuild" else REGION_TIME_COST
+        return weight * time_model.seconds(self.cost.flops, self.cost.moved, self.cost.ops)
 
     def describe(self) -> str:
         return _described(self.flops_per_byte, self.cost.moved, self.cost.freed_bytes, self.seconds)
@@ -126,9 +131,25 @@ def _overlaps(a: RegionCost, b: RegionCost) -> bool:
 REGION_TIME_COST = 1.5
 
 
-def rank(upgrades: list[Candidate], profile: Optional[Profile]) -> list[Entry]:
-    """Upgrades (already sorted by policy.candidates), regions and links in one list, cheapest per byte first."""
+REBUILD_NAME = "BN→activation outputs"
+
+
+def rebuild_candidate(freed_bytes: int, moved: int, ops: int) -> RegionCandidate:
+    """The rebuild entry: what it frees beyond the pointwise-only selection, the bytes its rebuilds read and
+    write, and how many run (fusion/counts.py counts them)."""
+    cost = RegionCost(REBUILD_NAME, "rebuild", (), 0, freed_bytes, moved=moved, ops=ops)
+    return RegionCandidate(cost, "rebuild", 0.0)
+
+
+def rank(
+    upgrades: list[Candidate], profile: Optional[Profile], rebuild: Optional[RegionCandidate] = None
+) -> list[Entry]:
+    """Upgrades (already sorted by policy.candidates), regions, links and the rebuild in one list, cheapest per
+    byte first."""
     entries: list[Entry] = list(upgrades)
+    if rebuild is not None and rebuild.marginal_bytes > 0:
+        rebuild.sort_key = rebuild.seconds / rebuild.marginal_bytes
+        entries.append(rebuild)
     region_keys = {}
     if profile is not None:
         for cost in profile.regions:
@@ -196,6 +217,7 @@ class Selection:
     regions: list[RegionCandidate] = field(default_factory=list)
     links: list[RegionCandidate] = field(default_factory=list)
     flat_links: frozenset = frozenset()  # (first, second) of links run flat (regions/graph.py); see policy
+    rebuild: Optional[RegionCandidate] = None  # the rebuild entry, where taken
 
 
 def _groups(regions: list[RegionCandidate], links: list[RegionCandidate], order: list[str]) -> tuple:
@@ -220,7 +242,10 @@ def select(prefix: list[Entry], pointwise: list[SiteData], region_order: list[st
     taken = {name for c in upgrades for name in c.site.layers}
     fallback = {p.names for p in pointwise if not p.layers & taken}
     allowed = frozenset({c.site.names for c in upgrades} | fallback)
-    return Selection(allowed, fallback, _groups(regions, links, region_order), upgrades, regions, links)
+    rebuild = next((e for e in prefix if isinstance(e, RegionCandidate) and e.kind == "rebuild"), None)
+    return Selection(
+        allowed, fallback, _groups(regions, links, region_order), upgrades, regions, links, rebuild=rebuild
+    )
 
 
 def estimated_gain(selection: Selection) -> int:
@@ -229,13 +254,15 @@ def estimated_gain(selection: Selection) -> int:
         sum(c.marginal_bytes or 0 for c in selection.upgrades)
         + sum(r.marginal_bytes for r in selection.regions)
         + sum(link.marginal_bytes for link in selection.links)
+        + (selection.rebuild.marginal_bytes if selection.rebuild else 0)
     )
 
 
 def recompute_cost(selection: Selection) -> float:
     """The selection's estimated recompute seconds, a region's (and a nested link's) weighted by REGION_TIME_COST."""
     nested = [link for link in selection.links if (link.cost.first, link.cost.second) not in selection.flat_links]
-    return sum(e.seconds or 0.0 for e in [*selection.upgrades, *selection.regions, *nested])
+    rebuild = [selection.rebuild] if selection.rebuild else []
+    return sum(e.seconds or 0.0 for e in [*selection.upgrades, *selection.regions, *nested, *rebuild])
 
 
 def estimated_time(selection: Selection, step_seconds: float) -> float:

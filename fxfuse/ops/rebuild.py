@@ -1,0 +1,192 @@
+"""Rebuilt activations: a BN→activation output that other ops keep for backward is kept as its recipe.
+
+Eager's conv keeps its input, a multiply keeps both factors, a concatenation's consumer keeps
+the concatenation's pieces. Where that input is the output `a = act(bn(x))` of a fused
+`batch_norm_act` call, the BN input `x` and its per-channel statistics are kept anyway (the BN
+backward needs them), so `a` costs its bytes for nothing: one pointwise pass rebuilds it, with
+the same kernel (fxfuse::bn_act), so the same bits. This is what torch.compile's partitioner does
+with pointwise ops between convolutions, done for every consumer at once: `a` may feed a conv,
+a concatenation and a multiply, and none of them keeps it.
+
+`Scope` is the mechanism: a `saved_tensors_hooks` pair, pushed for one forward of an optimized
+graph, that packs a tensor registered by `batch_norm_act(..., rebuildable=True)` as its recipe and
+any other tensor as it would be packed without it. Hooks already in effect (the user's offloading,
+`fxfuse.measure`'s counting, a checkpoint around the model) still see every tensor kept: the
+scope hands them the recipe's tensors instead of `a`, and everything else as it came.
+
+A registration matches only the same tensor object, unchanged since (`_version`): a tensor
+changed in place after the BN, or a view of it, is kept as it is. What can change `a` after it
+was packed is the graph itself, which the pass choosing rebuilt sites checks
+(fusion/passes/rebuild.py), or the caller, which never sees an intermediate.
+
+No scope is pushed (the graph runs as without it) where autograd keeps nothing (no grad mode),
+under torch.compile (dynamo traces the compositions of ops/compiled.py instead) and where
+saved-tensor hooks are disabled (torch.func's transforms disable them).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["Scope", "Tally", "active", "register"]
+
+_local = threading.local()
+
+
+class Tally:
+    """`with Tally() as t:` t.bytes counts the bytes every Scope that ends inside it packed as recipes:
+    what backward rebuilds (each time an op keeps the output, so a tensor two ops keep counts twice)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.count = 0  # tensors packed as recipes
+
+    def __enter__(self) -> Tally:
+        _tallies().append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _tallies().remove(self)
+
+
+def _tallies() -> list:
+    tallies = getattr(_local, "tallies", None)
+    if tallies is None:
+        tallies = _local.tallies = []
+    return tallies
+
+
+def _stack() -> list:
+    stack = getattr(_local, "scopes", None)
+    if stack is None:
+        stack = _local.scopes = []
+    return stack
+
+
+def active() -> bool:
+    """Whether a forward is running under a Scope in this thread (a registration would be used)."""
+    return bool(_stack())
+
+
+def register(
+    out: Tensor,
+    input: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    eps: float,
+    act: str,
+    act_param: float,
+) -> None:
+    """`out` is `fxfuse::bn_act(input, mean, var, weight, bias, eps, act, act_param)`: where it is kept
+    for backward during the current scope, keep that recipe instead."""
+    stack = _stack()
+    if stack:
+        stack[-1].register(out, (input, mean, var), (weight, bias, eps, act, act_param))
+
+
+class _Kept:
+    __slots__ = ("packed", "version")
+
+    def __init__(self, packed: Any, version: Optional[int]) -> None:
+        self.packed = packed
+        self.version = version  # held as itself (no outer hooks): its version when packed
+
+
+class _Rebuilt:
+    __slots__ = ("packed", "constants", "held", "output")
+
+    def __init__(self, packed: tuple, constants: tuple, held: list, output: tuple) -> None:
+        self.packed = packed
+        self.constants = constants
+        self.held = held  # (tensor, its version when packed) for each tensor held as itself
+        self.output = output  # (weak reference to the output it rebuilds, its version when packed)
+
+
+def _check_unchanged(held) -> None:
+    """Autograd checks a saved tensor's version only where no saved-tensor hooks pack it: the scope's hooks
+    check what they hold as itself."""
+    for t, version in held:
+        if t is not None and t._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: [{t.type()} {list(t.shape)}] is at version {t._version}; expected version {version} "
+                "instead (fxfuse rebuilds a BatchNorm→activation output from it in backward)"
+            )
+
+
+class Scope:
+    """`with Scope():` one forward whose registered BN→activation outputs are kept as recipes.
+
+    `rebuilt_bytes` and `rebuilt_count` count the tensors packed as recipes (each time one is packed)."""
+
+    def __init__(self) -> None:
+        self._recipes: dict[int, tuple] = {}
+        self._outer = None
+        self._hooks = None
+        self.rebuilt_bytes = 0
+        self.rebuilt_count = 0
+
+    def __enter__(self) -> Scope:
+        if (
+            torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+            and torch._C._autograd._saved_tensors_hooks_is_enabled()
+        ):
+            self._outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self._hooks.__enter__()
+            _stack().append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for tally in _tallies():
+            tally.bytes += self.rebuilt_bytes
+            tally.count += self.rebuilt_count
+        if self._hooks is not None:
+            _stack().remove(self)
+            self._hooks.__exit__(*exc)
+            self._hooks = None
+        self._recipes.clear()
+
+    def register(self, out: Tensor, tensors: tuple, constants: tuple) -> None:
+        self._recipes[id(out)] = (weakref.ref(out), out._version, tensors, constants)
+
+    def _pack_outer(self, t: Tensor) -> Any:
+        return self._outer[0](t) if self._outer is not None else t
+
+    def _unpack_outer(self, packed: Any) -> Tensor:
+        return self._outer[1](packed) if self._outer is not None else packed
+
+    def _pack(self, t: Tensor) -> Any:
+        entry = self._recipes.get(id(t))
+        if entry is not None and entry[0]() is t and t._version == entry[1]:
+            self.rebuilt_bytes += t.untyped_storage().nbytes()
+            self.rebuilt_count += 1
+            held = [u for u in entry[3][:2] if u is not None]
+            if self._outer is None:
+                held += entry[2]
+            return _Rebuilt(
+                tuple(self._pack_outer(u) for u in entry[2]),
+                entry[3],
+                [(u, u._version) for u in held],
+                (entry[0], t._version),
+            )
+        return _Kept(self._pack_outer(t), None if self._outer is not None else t._version)
+
+    def _unpack(self, packed: Any) -> Tensor:
+        if isinstance(packed, _Kept):
+            if packed.version is not None:
+                _check_unchanged([(packed.packed, packed.version)])
+            return self._unpack_outer(packed.packed)
+        _check_unchanged([*packed.held, (packed.output[0](), packed.output[1])])
+        input, mean, var = (self._unpack_outer(p) for p in packed.packed)
+        weight, bias, eps, act, act_param = packed.constants
+        with torch.no_grad():
+            return torch.ops.fxfuse.bn_act(input, mean, var, weight, bias, eps, act, act_param)

@@ -1,0 +1,123 @@
+"""ops/rebuild.py: a registered BN→activation output is kept as its recipe and rebuilt bit for bit; every other
+tensor, and the recipe's own tensors, reach the hooks already in effect."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fxfuse import ops
+from fxfuse.ops import rebuild
+
+
+def _bn_inputs(dtype=torch.float32):
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 5, 5, dtype=dtype, requires_grad=True)
+    w = torch.randn(4, dtype=dtype, requires_grad=True)
+    b = torch.randn(4, dtype=dtype, requires_grad=True)
+    conv = torch.randn(3, 4, 3, 3, dtype=dtype, requires_grad=True)
+    return x, w, b, conv
+
+
+def _loss(x, w, b, conv, rebuildable, act="relu"):
+    """A loss through a BN→act whose output feeds a conv and a multiply (both keep it)."""
+    a = ops.batch_norm_act(x, torch.zeros(4, dtype=x.dtype), torch.ones(4, dtype=x.dtype), w, b, True,
+                           act=act, rebuildable=rebuildable)  # fmt: skip
+    gate = a.detach().flip(0).requires_grad_()  # a factor with a gradient: the multiply keeps `a` for it
+    return F.conv2d(a, conv).sum() + (a * gate).sum()
+
+
+@pytest.mark.parametrize("act", ["relu", "silu"])
+def test_kept_output_is_rebuilt_bit_for_bit(act):
+    inputs = _bn_inputs()
+    expected = torch.autograd.grad(_loss(*inputs, rebuildable=False, act=act), inputs)
+    with rebuild.Tally() as tally:
+        with rebuild.Scope():
+            y = _loss(*inputs, rebuildable=True, act=act)
+    got = torch.autograd.grad(y, inputs)
+    assert tally.count == 2  # the conv and the multiply each keep it
+    assert tally.bytes == 2 * 2 * 4 * 5 * 5 * 4
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+
+
+def test_outer_hooks_see_the_recipe_tensors_instead_of_the_output():
+    inputs = _bn_inputs()
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t.clone()  # like an offloading hook: backward gets a copy back
+
+    expected = torch.autograd.grad(_loss(*inputs, rebuildable=False), inputs)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with rebuild.Scope():
+            y = _loss(*inputs, rebuildable=True)
+    assert any(t is inputs[0] for t in packed)  # the BN input, for the BN and for the recipe
+    assert not any(t.shape == inputs[0].shape and t.grad_fn is not None for t in packed)  # never the output
+    for e, g in zip(expected, torch.autograd.grad(y, inputs)):
+        assert torch.equal(e, g)
+
+
+def test_output_changed_in_place_is_kept_as_it_is():
+    x, w, b, conv = _bn_inputs()
+    with rebuild.Tally() as tally, rebuild.Scope():
+        a = ops.batch_norm_act(x, None, None, w, b, True, act="relu", rebuildable=True)
+        a = a.mul_(2)  # changed after the BN: the recipe no longer describes it
+        y = F.conv2d(a, conv).sum()
+    assert tally.count == 0
+    eager = F.conv2d(2 * F.relu(F.batch_norm(x, None, None, w, b, True)), conv).sum()
+    for e, g in zip(torch.autograd.grad(eager, (x, conv)), torch.autograd.grad(y, (x, conv))):
+        torch.testing.assert_close(g, e)
+
+
+def test_bn_parameter_changed_in_place_before_backward_raises_as_eager():
+    x, w, b, conv = _bn_inputs()
+    with rebuild.Scope():
+        a = ops.batch_norm_act(x, None, None, w, b, True, act="relu", rebuildable=True)
+        y = F.conv2d(a, conv).sum()
+    with torch.no_grad():
+        w.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_eval_statistics_are_those_of_the_forward():
+    x, w, b, conv = _bn_inputs(torch.float64)
+    mean, var = torch.zeros(4, dtype=x.dtype), torch.ones(4, dtype=x.dtype)
+    with rebuild.Scope():
+        a = ops.batch_norm_act(x, mean, var, w, b, False, act="relu", rebuildable=True)
+        y = F.conv2d(a, conv).sum()
+    expected = torch.autograd.grad(F.conv2d(F.relu(F.batch_norm(x, mean, var, w, b)), conv).sum(), conv)
+    mean.add_(5)  # a later training call updates the running statistics in place
+    torch.testing.assert_close(torch.autograd.grad(y, conv), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_no_scope_without_grad_under_torch_func_or_without_registration():
+    x, w, b, conv = _bn_inputs()
+    with torch.no_grad(), rebuild.Scope():
+        assert not rebuild.active()
+    with rebuild.Scope():
+        assert rebuild.active()
+        with rebuild.Tally() as tally:
+            pass
+        a = ops.batch_norm_act(x, None, None, w, b, True, act="relu")  # not rebuildable: kept as eager would
+        F.conv2d(a, conv)
+    assert not rebuild.active() and tally.count == 0
+
+    def f(x):
+        with rebuild.Scope():
+            assert not rebuild.active()  # torch.func disables saved-tensor hooks
+            return x.sin().sum()
+
+    torch.func.grad(f)(torch.ones(3))
+
+
+def test_tensors_held_as_themselves_keep_autograds_in_place_check():
+    # Autograd checks no version of what saved-tensor hooks pack; the scope checks what it holds.
+    x = torch.randn(3, requires_grad=True)
+    with rebuild.Scope():
+        a = x * 2
+        y = (a * a).sum()
+    a.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
