@@ -202,3 +202,26 @@ def test_no_scope_left_behind(grad):
     with torch.set_grad_enabled(grad):
         optimized(x)
     assert not rebuild.active()
+
+
+class Shortcut(nn.Module):
+    """A BN→ReLU output that a later conv keeps and a residual add reads (added into the other operand)."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.conv0, self.bn0 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        a = torch.relu(self.bn0(self.conv0(x)))
+        return torch.relu(self.bn1(self.conv1(a)) + a)
+
+
+def test_an_add_into_another_tensor_does_not_stop_the_rebuild():
+    torch.manual_seed(0)
+    model, x = Shortcut().double(), torch.randn(2, 4, 6, 6, dtype=torch.float64)
+    optimized = _optimized(copy.deepcopy(model))
+    graph = install.fx_graph(optimized)
+    assert any(n.target is runtime.add_into for n in graph.nodes)  # bn1's output + a, written into bn1's
+    assert len(_marked(optimized)) == 1
+    assert_equivalent(model, optimized, x, steps=2)

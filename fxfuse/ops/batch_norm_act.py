@@ -129,8 +129,13 @@ def batch_norm_act(
     if rebuildable and not pieces and rebuild.active() and not autocast_on(input.device.type):
         if not training:  # running statistics, which a later training call updates in place
             mean, var = mean.clone(), var.clone()
-        rebuild.register(out, input, mean, var, weight, bias, eps, act, float(act_param))
+        rebuild.register(out, _bn_act, (input, mean, var), (weight, bias, eps, act, float(act_param)))
     return out
+
+
+def _bn_act(input, mean, var, weight, bias, eps, act, act_param) -> Tensor:
+    """What batch_norm_act's kernel computed, from the statistics it computed: the same bits (ops/rebuild.py)."""
+    return torch.ops.fxfuse.bn_act(input, mean, var, weight, bias, eps, act, act_param)
 
 
 # --------------------------------------------------------------------------- fake kernels

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -73,22 +73,13 @@ def active() -> bool:
     return bool(_stack())
 
 
-def register(
-    out: Tensor,
-    input: Tensor,
-    mean: Tensor,
-    var: Tensor,
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    eps: float,
-    act: str,
-    act_param: float,
-) -> None:
-    """`out` is `fxfuse::bn_act(input, mean, var, weight, bias, eps, act, act_param)`: where it is kept
-    for backward during the current scope, keep that recipe instead."""
+def register(out: Tensor, fn: Callable[..., Tensor], tensors: tuple, constants: tuple = ()) -> None:
+    """`out` is `fn(*tensors, *constants)`, computed by the same kernels: where an op keeps `out` for backward
+    during the current scope, keep that recipe instead. `tensors` are packed as any kept tensor is (a registered
+    one as its own recipe); `constants` (parameters, numbers) are held as they are, their versions checked."""
     stack = _stack()
     if stack:
-        stack[-1].register(out, (input, mean, var), (weight, bias, eps, act, act_param))
+        stack[-1].register(out, fn, tensors, constants)
 
 
 class _Kept:
@@ -100,9 +91,10 @@ class _Kept:
 
 
 class _Rebuilt:
-    __slots__ = ("packed", "constants", "held", "output")
+    __slots__ = ("fn", "packed", "constants", "held", "output")
 
-    def __init__(self, packed: tuple, constants: tuple, held: list, output: tuple) -> None:
+    def __init__(self, fn: Callable[..., Tensor], packed: tuple, constants: tuple, held: list, output: tuple) -> None:
+        self.fn = fn
         self.packed = packed
         self.constants = constants
         self.held = held  # (tensor, its version when packed) for each tensor held as itself
@@ -155,8 +147,8 @@ class Scope:
             self._hooks = None
         self._recipes.clear()
 
-    def register(self, out: Tensor, tensors: tuple, constants: tuple) -> None:
-        self._recipes[id(out)] = (weakref.ref(out), out._version, tensors, constants)
+    def register(self, out: Tensor, fn: Callable[..., Tensor], tensors: tuple, constants: tuple) -> None:
+        self._recipes[id(out)] = (weakref.ref(out), out._version, fn, tensors, constants)
 
     def _pack_outer(self, t: Tensor) -> Any:
         return self._outer[0](t) if self._outer is not None else t
@@ -169,15 +161,9 @@ class Scope:
         if entry is not None and entry[0]() is t and t._version == entry[1]:
             self.rebuilt_bytes += t.untyped_storage().nbytes()
             self.rebuilt_count += 1
-            held = [u for u in entry[3][:2] if u is not None]
-            if self._outer is None:
-                held += entry[2]
-            return _Rebuilt(
-                tuple(self._pack_outer(u) for u in entry[2]),
-                entry[3],
-                [(u, u._version) for u in held],
-                (entry[0], t._version),
-            )
+            ref, _, fn, tensors, constants = entry
+            held = [(u, u._version) for u in constants if isinstance(u, Tensor)]
+            return _Rebuilt(fn, tuple(self._pack(u) for u in tensors), constants, held, (ref, t._version))
         return _Kept(self._pack_outer(t), None if self._outer is not None else t._version)
 
     def _unpack(self, packed: Any) -> Tensor:
@@ -186,7 +172,6 @@ class Scope:
                 _check_unchanged([(packed.packed, packed.version)])
             return self._unpack_outer(packed.packed)
         _check_unchanged([*packed.held, (packed.output[0](), packed.output[1])])
-        input, mean, var = (self._unpack_outer(p) for p in packed.packed)
-        weight, bias, eps, act, act_param = packed.constants
+        tensors = [self._unpack(p) for p in packed.packed]
         with torch.no_grad():
-            return torch.ops.fxfuse.bn_act(input, mean, var, weight, bias, eps, act, act_param)
+            return packed.fn(*tensors, *packed.constants)

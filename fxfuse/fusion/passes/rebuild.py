@@ -51,7 +51,7 @@ def _may_alias_or_write(user: fx.Node, node: fx.Node, ctx: PassContext) -> bool:
         return isinstance(module, _ALIASING_MODULES) or getattr(module, "inplace", False) is True
     if user.op in ("call_function", "call_method"):
         target = user.target
-        if target is runtime.add_into or target in _INPLACE_OPERATORS:
+        if (target is runtime.add_into or target in _INPLACE_OPERATORS) and user.args and user.args[0] is node:
             return True
         name = target if isinstance(target, str) else _name(target)
         return name in _VIEWS or (name.endswith("_") and not name.endswith("__"))
