@@ -225,3 +225,17 @@ def test_an_add_into_another_tensor_does_not_stop_the_rebuild():
     assert any(n.target is runtime.add_into for n in graph.nodes)  # bn1's output + a, written into bn1's
     assert len(_marked(optimized)) == 1
     assert_equivalent(model, optimized, x, steps=2)
+
+
+def test_under_torch_compile_the_graph_runs_without_the_scope():
+    model, x = _model(), _x()
+    optimized = _optimized(copy.deepcopy(model))
+    torch._dynamo.reset()
+    compiled = torch.compile(optimized, backend="aot_eager")
+    reference = copy.deepcopy(model)
+    torch.testing.assert_close(compiled(x), reference(x), rtol=1e-12, atol=1e-12)
+    compiled(x).sum().backward()
+    reference(x).sum().backward()
+    for e, p in zip(reference.parameters(), optimized.parameters()):
+        torch.testing.assert_close(p.grad, e.grad, rtol=1e-9, atol=1e-12)
+    assert not rebuild.active()
