@@ -27,6 +27,7 @@ SHARED = {
     "flops",
     "higher_order",
     "linear_common",
+    "rebuild",
     "routing",
 }
 # The cat_ variants of four ops (their input's concatenated pieces kept instead): defined in Python over

@@ -1,9 +1,13 @@
 """ops/rebuild.py: a registered BN→activation output is kept as its recipe and rebuilt bit for bit; every other
 tensor, and the recipe's own tensors, reach the hooks already in effect."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from fxfuse import ops
 from fxfuse.ops import rebuild
@@ -121,3 +125,42 @@ def test_tensors_held_as_themselves_keep_autograds_in_place_check():
     a.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+def test_nothing_registered_where_a_checkpoint_packs():
+    # Inside a checkpoint its hooks keep what is saved: a recipe would only hold the BN input longer.
+    x, w, b, conv = _bn_inputs()
+    with rebuild.Scope() as scope:
+        torch.utils.checkpoint.checkpoint(_loss, x, w, b, conv, True, use_reentrant=False)
+        assert rebuild.active() and not scope._recipes
+
+
+def test_a_dropped_forward_leaves_nothing_alive():
+    x = torch.randn(64, requires_grad=True)
+    with rebuild.Scope():
+        y = torch.sigmoid(x * 2)  # sigmoid keeps its own output
+    ref = weakref.ref(y)
+    del y
+    gc.collect()
+    assert ref() is None
+
+
+def test_frozen_bn_keeps_its_output_as_eager():
+    # Nothing needs the BN's gradient, so it keeps no input: a recipe would keep one in the output's place.
+    x, w, b, conv = _bn_inputs()
+    x, w, b = x.detach(), w.detach(), b.detach()
+    with rebuild.Tally() as tally, rebuild.Scope():
+        a = ops.batch_norm_act(x, torch.zeros(4), torch.ones(4), w, b, False, act="relu", rebuildable=True)
+        F.conv2d(a, conv).sum()
+    assert tally.count == 0
+
+
+def test_parameters_reach_the_outer_hooks_too():
+    x, w, b, conv = _bn_inputs()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        with rebuild.Scope():
+            y = _loss(x, w, b, conv, rebuildable=True)
+    expected = torch.autograd.grad(_loss(x, w, b, conv, rebuildable=False), conv, retain_graph=True)
+    with torch.no_grad():
+        w.add_(1)  # the hook kept a copy, as it keeps one of everything eager saves: no error, as in eager
+    torch.testing.assert_close(torch.autograd.grad(y, conv), expected)

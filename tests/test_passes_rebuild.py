@@ -239,3 +239,39 @@ def test_under_torch_compile_the_graph_runs_without_the_scope():
     for e, p in zip(reference.parameters(), optimized.parameters()):
         torch.testing.assert_close(p.grad, e.grad, rtol=1e-9, atol=1e-12)
     assert not rebuild.active()
+
+
+class Reaches(nn.Module):
+    """BN→ReLU outputs that code could change outside the graph's view: `.data`, `.mT`, a module of its own."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(c, c, 3, padding=1, bias=False) for _ in range(4))
+        self.bns = nn.ModuleList(nn.BatchNorm2d(c) for _ in range(4))
+        self.own = nn.Identity()
+
+    def forward(self, x):
+        a = torch.relu(self.bns[0](self.convs[0](x)))
+        b = torch.relu(self.bns[1](self.convs[1](a)))
+        c = torch.relu(self.bns[2](self.convs[2](b)))
+        d = torch.relu(self.bns[3](self.convs[3](c)))
+        return self.convs[0](a) + a.data, self.convs[1](b) + b.mT, self.convs[2](c) + self.own(c), self.convs[3](d) + d
+
+
+def test_only_users_that_read_leave_a_site_rebuilt():
+    torch.manual_seed(0)
+    optimized = _optimized(Reaches().double())
+    marked = _marked(optimized)
+    assert len(marked) == 1  # d: a's .data, b's .mT and c's module call could reach it outside the graph
+
+
+@pytest.mark.parametrize("budget", [0.05, 0.3, 0.6])
+def test_the_plan_rebuilds_only_where_it_frees(budget):
+    model, x = _model(torch.float32), _x(torch.float32, size=48)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,), memory_budget=budget)
+    plan = optimized.__dict__["_fxfuse_state"].options.plan
+    with rebuild.Tally() as tally:
+        optimized(x).sum().backward()
+    assert plan.rebuild == (tally.count > 0)
+    rows = [r for r in optimized.fxfuse_report.regions if r.kind == "rebuild"]
+    assert len(rows) == int(plan.rebuild) and all(r.saved_bytes > 0 for r in rows)

@@ -246,6 +246,26 @@ def _rebuild_entry(counts: Counts, pointwise: list[SiteData], notes: list[str]) 
     return ranking.rebuild_candidate(freed, 2 * moved, count) if freed > 0 else None
 
 
+def _settle_rebuild(selection: Selection, counts: Counts, with_it: Optional[int], notes: list[str]) -> Selection:
+    """`selection` with its rebuild entry as it frees in that selection: counted once more without it, since
+    the regions and upgrades chosen after it may cover the sites it rebuilds (its ranking estimate is the
+    pointwise-only selection's). Left out where it frees nothing there."""
+    if selection.rebuild is None:
+        return selection
+    without = dataclasses.replace(selection, rebuild=None)
+    try:
+        if with_it is None:
+            with_it = counts.plan_bytes(plan_of(selection))
+        freed = counts.plan_bytes(plan_of(without)) - with_it
+    except Exception:  # noqa: BLE001 - the estimate stands where the selection cannot be counted again
+        return selection
+    if freed <= 0:
+        notes.append(f"{ranking.REBUILD_NAME}: not rebuilt, the regions chosen recompute what it would rebuild")
+        return without
+    entry = selection.rebuild
+    return dataclasses.replace(selection, rebuild=ranking.rebuild_candidate(freed, entry.cost.moved, entry.cost.ops))
+
+
 def choose_budget(
     model: nn.Module,
     memory: list[SiteData],
@@ -326,6 +346,12 @@ def choose_budget(
             _say_peak_floor(decision, counts, plan_of(selections[k]), k, len(ranking))
     else:
         decision.selected_peak_bytes = _optional(lambda: peak(k))
+    settled = _settle_rebuild(selections[k], counts, saved(k) if budget is not None else None, decision.notes)
+    if settled is not selections[k]:
+        selections[k] = settled
+        measured_bytes.pop(k, None)
+        peaks.pop(k, None)
+        decision.selected_peak_bytes = peak(k) if peak_budget is not None else _optional(lambda: peak(k))
     chosen = selections[k]
     decision.selection = chosen
     decision.allowed, decision.fallback_names, decision.groups = chosen.allowed, chosen.fallback, chosen.groups
@@ -557,8 +583,10 @@ def choice_of(decision: Decision) -> Choice:
     # An inner region a region around it replaced (ranking.select) is not recomputed on its own.
     recomputed = [e for e in decision.chosen if isinstance(e, RegionCandidate)]
     if decision.selection is not None:
-        kept = [*decision.selection.regions, *decision.selection.links, decision.selection.rebuild]
-        recomputed = [e for e in recomputed if any(e is k for k in kept)]
+        kept = [*decision.selection.regions, *decision.selection.links]
+        rebuild = decision.selection.rebuild  # as counted in the selection (_settle_rebuild), or left out
+        recomputed = [rebuild if e.kind == "rebuild" else e for e in recomputed]
+        recomputed = [e for e in recomputed if e is not None and (e is rebuild or any(e is k for k in kept))]
     regions = [e.cost for e in recomputed if e.kind == "region"]
     shares_layers = {p.names for c in decision.rejected if isinstance(c, Candidate) for p in c.fallback}
     return Choice(

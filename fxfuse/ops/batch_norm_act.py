@@ -126,11 +126,23 @@ def batch_norm_act(
     )
     if training and running_mean is not None and running_var is not None:
         update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)
-    if rebuildable and not pieces and rebuild.active() and not autocast_on(input.device.type):
+    if (
+        rebuildable
+        and not pieces
+        and rebuild.active()
+        and not autocast_on(input.device.type)
+        and _keeps_input(input, weight, bias)
+    ):
         if not training:  # running statistics, which a later training call updates in place
             mean, var = mean.clone(), var.clone()
-        rebuild.register(out, _bn_act, (input, mean, var), (weight, bias, eps, act, float(act_param)))
+        rebuild.register(out, _bn_act, (input, mean, var, weight, bias), (eps, act, float(act_param)))
     return out
+
+
+def _keeps_input(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> bool:
+    """Whether the op's backward keeps `input` (it records one where something needs a gradient): a recipe
+    keeps only what is kept anyway."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, weight, bias))
 
 
 def _bn_act(input, mean, var, weight, bias, eps, act, act_param) -> Tensor:

@@ -15,9 +15,10 @@ any other tensor as it would be packed without it. Hooks already in effect (the 
 scope hands them the recipe's tensors instead of `a`, and everything else as it came.
 
 A registration matches only the same tensor object, unchanged since (`_version`): a tensor
-changed in place after the BN, or a view of it, is kept as it is. What can change `a` after it
-was packed is the graph itself, which the pass choosing rebuilt sites checks
-(fusion/passes/rebuild.py), or the caller, which never sees an intermediate.
+changed in place after the BN, or a view of it, is kept as it is. Only sites whose every user
+just reads the output are registered (fusion/passes/rebuild.py: an allow-list), and only where
+the BN's backward keeps its input and this scope's hooks are the ones autograd calls (inside a
+checkpoint, its own hooks keep what is saved). An entry is dropped when its output dies.
 
 No scope is pushed (the graph runs as without it) where autograd keeps nothing (no grad mode),
 under torch.compile (dynamo traces the compositions of ops/compiled.py instead) and where
@@ -75,10 +76,13 @@ def active() -> bool:
 
 def register(out: Tensor, fn: Callable[..., Tensor], tensors: tuple, constants: tuple = ()) -> None:
     """`out` is `fn(*tensors, *constants)`, computed by the same kernels: where an op keeps `out` for backward
-    during the current scope, keep that recipe instead. `tensors` are packed as any kept tensor is (a registered
-    one as its own recipe); `constants` (parameters, numbers) are held as they are, their versions checked."""
+    during the current scope, keep that recipe instead. `tensors` (None allowed) are packed as any kept tensor
+    is, a registered one as its own recipe; `constants` are numbers and strings.
+
+    Registered only where the scope's own hooks are the ones autograd calls now: inside a checkpoint (a user's,
+    or a recompute region's) its hooks keep what is saved, and a recipe would only hold its tensors longer."""
     stack = _stack()
-    if stack:
+    if stack and stack[-1].on_top():
         stack[-1].register(out, fn, tensors, constants)
 
 
@@ -91,26 +95,23 @@ class _Kept:
 
 
 class _Rebuilt:
-    __slots__ = ("fn", "packed", "constants", "held", "output")
+    __slots__ = ("fn", "packed", "constants", "output")
 
-    def __init__(self, fn: Callable[..., Tensor], packed: tuple, constants: tuple, held: list, output: tuple) -> None:
+    def __init__(self, fn: Callable[..., Tensor], packed: tuple, constants: tuple, output: tuple) -> None:
         self.fn = fn
         self.packed = packed
         self.constants = constants
-        self.held = held  # (tensor, its version when packed) for each tensor held as itself
         self.output = output  # (weak reference to the output it rebuilds, its version when packed)
 
 
-def _check_unchanged(held) -> None:
-    """Autograd checks a saved tensor's version only where no saved-tensor hooks pack it: the scope's hooks
-    check what they hold as itself."""
-    for t, version in held:
-        if t is not None and t._version != version:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace "
-                f"operation: [{t.type()} {list(t.shape)}] is at version {t._version}; expected version {version} "
-                "instead (fxfuse rebuilds a BatchNorm→activation output from it in backward)"
-            )
+def _check_unchanged(t: Optional[Tensor], version: int) -> None:
+    """Autograd checks no version of a tensor saved-tensor hooks pack: the scope checks what it holds itself."""
+    if t is not None and t._version != version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace "
+            f"operation: [{t.type()} {list(t.shape)}] is at version {t._version}; expected version {version} "
+            "instead (fxfuse keeps it for backward under saved-tensor hooks: ops/rebuild.py)"
+        )
 
 
 class Scope:
@@ -147,31 +148,42 @@ class Scope:
             self._hooks = None
         self._recipes.clear()
 
+    def on_top(self) -> bool:
+        """Whether autograd packs with this scope's hooks now (no checkpoint or other hooks pushed since)."""
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        return torch.is_grad_enabled() and top is not None and top[0] == self._pack
+
     def register(self, out: Tensor, fn: Callable[..., Tensor], tensors: tuple, constants: tuple) -> None:
-        self._recipes[id(out)] = (weakref.ref(out), out._version, fn, tensors, constants)
+        key = id(out)
+        recipes = self._recipes
+        # Dropped with the output: its tensors are not held past their use, and a reused id finds no entry.
+        ref = weakref.ref(out, lambda _: recipes.pop(key, None))
+        recipes[key] = (ref, out._version, fn, tensors, constants)
 
-    def _pack_outer(self, t: Tensor) -> Any:
-        return self._outer[0](t) if self._outer is not None else t
-
-    def _unpack_outer(self, packed: Any) -> Tensor:
-        return self._outer[1](packed) if self._outer is not None else packed
-
-    def _pack(self, t: Tensor) -> Any:
+    def _pack(self, t: Optional[Tensor]) -> Any:
+        if t is None:
+            return None
         entry = self._recipes.get(id(t))
         if entry is not None and entry[0]() is t and t._version == entry[1]:
             self.rebuilt_bytes += t.untyped_storage().nbytes()
             self.rebuilt_count += 1
             ref, _, fn, tensors, constants = entry
-            held = [(u, u._version) for u in constants if isinstance(u, Tensor)]
-            return _Rebuilt(fn, tuple(self._pack(u) for u in tensors), constants, held, (ref, t._version))
-        return _Kept(self._pack_outer(t), None if self._outer is not None else t._version)
+            return _Rebuilt(fn, tuple(self._pack(u) for u in tensors), constants, (ref, t._version))
+        if self._outer is not None:
+            return _Kept(self._outer[0](t), None)
+        # Detached (it shares the version counter): holding `t` itself would tie a cycle through its grad_fn,
+        # which keeps the node holding this; autograd gives the unpacked tensor its grad_fn back.
+        return _Kept(t.detach(), t._version)
 
-    def _unpack(self, packed: Any) -> Tensor:
+    def _unpack(self, packed: Any) -> Optional[Tensor]:
+        if packed is None:
+            return None
         if isinstance(packed, _Kept):
-            if packed.version is not None:
-                _check_unchanged([(packed.packed, packed.version)])
-            return self._unpack_outer(packed.packed)
-        _check_unchanged([*packed.held, (packed.output[0](), packed.output[1])])
+            if packed.version is None:
+                return self._outer[1](packed.packed)
+            _check_unchanged(packed.packed, packed.version)
+            return packed.packed
+        _check_unchanged(packed.output[0](), packed.output[1])
         tensors = [self._unpack(p) for p in packed.packed]
         with torch.no_grad():
             return packed.fn(*tensors, *packed.constants)

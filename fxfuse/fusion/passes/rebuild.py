@@ -7,55 +7,75 @@ every op that would keep that output for backward (a conv, a multiply, a concate
 consumer) keeps the BN input and the statistics instead, which the BN keeps anyway, and backward
 rebuilds the output with one pointwise pass, the same kernel, so the same bits.
 
-Only the graph can change an intermediate, so a static check suffices: any user that may write
-into the output or alias it (an in-place op or module, `add_into`, a view, the graph's output)
-leaves the site as it was.
+The check is an allow-list: every user must be one that only reads the output (a conv, a Linear, a
+pooling, `cat`, an out-of-place arithmetic op, a reduction, fxfuse's fused calls, `add_into` as the
+added operand). An in-place op, a view, `.data`, the graph's output, a module with hooks or a
+forward of its own, or a leaf fxfuse could not trace could change the value or let code outside
+the graph reach it, and leaves the site as it was.
 """
 
 from __future__ import annotations
 
+import builtins
 import operator
 
+import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
 from ... import ops
 from .. import runtime
+from ..hooks import has_hooks
 from .context import PassContext
 from .driver import SITE_META
 
-_INPLACE_OPERATORS = frozenset(
-    {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.ipow,
-     operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift, operator.imatmul}
+# Users that read the output and neither write into it nor return it or a view of it. Anything else (an
+# in-place op, a view, `getattr` of `.data` or `.mT`, a module with hooks or a forward of its own, a leaf
+# fxfuse could not trace, a constructor of the model's output) stops the rebuild: a recipe rebuilds the
+# value the BN computed, so nothing may change that value or reach it outside the graph.
+_READING_FUNCTIONS = frozenset(
+    {torch.cat, torch.stack, torch.add, torch.sub, torch.mul, torch.div, torch.mean, torch.sum, torch.sigmoid,
+     operator.add, operator.sub, operator.mul, operator.truediv, F.conv2d, F.linear, F.avg_pool2d, F.max_pool2d,
+     F.adaptive_avg_pool2d, F.adaptive_max_pool2d}
 )  # fmt: skip
-_VIEWS = frozenset(
-    {"view", "view_as", "reshape", "reshape_as", "permute", "transpose", "t", "flatten", "unflatten", "squeeze",
-     "unsqueeze", "expand", "expand_as", "narrow", "select", "split", "chunk", "unbind", "as_strided", "contiguous",
-     "movedim", "swapaxes", "swapdims", "detach", "__getitem__", "getitem", "real", "imag", "diagonal", "unfold",
-     "tensor_split", "split_with_sizes", "hsplit", "vsplit", "dsplit", "alias", "to", "type", "type_as", "data"}
+_READING_METHODS = frozenset({"mean", "sum", "add", "sub", "mul", "div", "sigmoid", "size", "dim"})
+_METADATA = frozenset({"shape", "dtype", "device", "ndim"})
+_READING_MODULES = (
+    nn.Conv2d, nn.Linear, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Sigmoid,
 )  # fmt: skip
-_ALIASING_MODULES = (nn.Identity, nn.Flatten, nn.Unflatten)
+# fxfuse's run-time calls read their inputs (add_into writes into its first).
+_READING_RUNTIME = frozenset(
+    getattr(runtime, name)
+    for name in ("conv_bn_act_module", "conv2d_bn_module_act", "conv_module_batch_norm_act", "conv_act_module",
+                 "conv2d_module", "linear_act_module", "act_linear_module", "act_linear_scale_module",
+                 "layer_norm_linear_module", "bn_act_module", "bn_act_conv_module", "gelu_where_faster")
+)  # fmt: skip
 
 
-def _name(target) -> str:
-    return getattr(target, "__name__", str(target)).split(".")[-1]
-
-
-def _may_alias_or_write(user: fx.Node, node: fx.Node, ctx: PassContext) -> bool:
-    if user.op == "output":
-        return True
-    if user.kwargs.get("inplace") is True:
-        return True
+def _only_reads(user: fx.Node, node: fx.Node, ctx: PassContext) -> bool:
+    if user.kwargs.get("inplace") is True or "out" in user.kwargs:
+        return False
     if user.op == "call_module":
         module = ctx.modules.get(user.target)
-        return isinstance(module, _ALIASING_MODULES) or getattr(module, "inplace", False) is True
-    if user.op in ("call_function", "call_method"):
-        target = user.target
-        if (target is runtime.add_into or target in _INPLACE_OPERATORS) and user.args and user.args[0] is node:
-            return True
-        name = target if isinstance(target, str) else _name(target)
-        return name in _VIEWS or (name.endswith("_") and not name.endswith("__"))
-    return True
+        cls = type(module)
+        return cls in _READING_MODULES and not has_hooks(module) and not getattr(module, "inplace", False)
+    if user.op == "call_method":
+        return user.target in _READING_METHODS
+    if user.op != "call_function":
+        return False
+    target = user.target
+    if target is builtins.getattr:
+        return len(user.args) == 2 and user.args[1] in _METADATA
+    if target is runtime.add_into:
+        return bool(user.args) and user.args[0] is not node
+    return target in _READING_FUNCTIONS or target in _READING_RUNTIME or _is_fxfuse_op(target)
+
+
+def _is_fxfuse_op(target) -> bool:
+    """A public fxfuse op function (fxfuse.ops.OPS and the cat_ variants): pure functions of their inputs."""
+    name = getattr(target, "__name__", "")
+    return getattr(ops, name, None) is target and (name in ops.OPS or name.startswith("cat_"))
 
 
 def _rebuildable(node: fx.Node, ctx: PassContext) -> bool:
@@ -69,7 +89,7 @@ def _rebuildable(node: fx.Node, ctx: PassContext) -> bool:
             return False
     else:
         return False
-    return bool(node.users) and not any(_may_alias_or_write(u, node, ctx) for u in node.users)
+    return bool(node.users) and all(_only_reads(u, node, ctx) for u in node.users)
 
 
 def run(ctx: PassContext) -> int:
