@@ -275,3 +275,14 @@ def test_the_plan_rebuilds_only_where_it_frees(budget):
     assert plan.rebuild == (tally.count > 0)
     rows = [r for r in optimized.fxfuse_report.regions if r.kind == "rebuild"]
     assert len(rows) == int(plan.rebuild) and all(r.saved_bytes > 0 for r in rows)
+
+
+def test_a_peak_budget_alone_keeps_no_rebuild_its_peak_does_not_need():
+    # The ranking reaches the rebuild, but the step peak is the same without it: no rebuild pass for nothing.
+    torch.manual_seed(0)
+    model, x = Osa(16), torch.randn(8, 16, 48, 48)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,), peak_budget=0.8)
+    report = optimized.fxfuse_report
+    assert report.peak_budget_met and not optimized.__dict__["_fxfuse_state"].options.plan.rebuild
+    assert "BN→activation outputs: not rebuilt, the step peak is within the peak budget without it" in report.notes
+    assert not [r for r in report.regions if r.kind == "rebuild"]

@@ -246,10 +246,17 @@ def _rebuild_entry(counts: Counts, pointwise: list[SiteData], notes: list[str]) 
     return ranking.rebuild_candidate(freed, 2 * moved, count) if freed > 0 else None
 
 
-def _settle_rebuild(selection: Selection, counts: Counts, with_it: Optional[int], notes: list[str]) -> Selection:
+def _settle_rebuild(
+    selection: Selection,
+    counts: Counts,
+    with_it: Optional[int],
+    notes: list[str],
+    peak_target: Optional[float] = None,
+) -> Selection:
     """`selection` with its rebuild entry as it frees in that selection: counted once more without it, since
     the regions and upgrades chosen after it may cover the sites it rebuilds (its ranking estimate is the
-    pointwise-only selection's). Left out where it frees nothing there."""
+    pointwise-only selection's). Left out where it frees nothing there, or, under a peak budget alone, where
+    the step peak is within `peak_target` without it."""
     if selection.rebuild is None:
         return selection
     without = dataclasses.replace(selection, rebuild=None)
@@ -257,10 +264,15 @@ def _settle_rebuild(selection: Selection, counts: Counts, with_it: Optional[int]
         if with_it is None:
             with_it = counts.plan_bytes(plan_of(selection))
         freed = counts.plan_bytes(plan_of(without)) - with_it
+        unneeded = peak_target is not None and counts.plan_peak(plan_of(without)) <= peak_target
     except Exception:  # noqa: BLE001 - the estimate stands where the selection cannot be counted again
         return selection
-    if freed <= 0:
-        notes.append(f"{ranking.REBUILD_NAME}: not rebuilt, the regions chosen recompute what it would rebuild")
+    if freed <= 0 or unneeded:
+        if unneeded:
+            why = "the step peak is within the peak budget without it"
+        else:
+            why = "the regions and layers recomputed in this plan cover what it would rebuild"
+        notes.append(f"{ranking.REBUILD_NAME}: not rebuilt, {why}")
         return without
     entry = selection.rebuild
     return dataclasses.replace(selection, rebuild=ranking.rebuild_candidate(freed, entry.cost.moved, entry.cost.ops))
@@ -346,12 +358,16 @@ def choose_budget(
             _say_peak_floor(decision, counts, plan_of(selections[k]), k, len(ranking))
     else:
         decision.selected_peak_bytes = _optional(lambda: peak(k))
-    settled = _settle_rebuild(selections[k], counts, saved(k) if budget is not None else None, decision.notes)
-    if settled is not selections[k]:
-        selections[k] = settled
+    peak_target = peak_budget * decision.eager_peak_bytes if peak_budget is not None and budget is None else None
+    settled = _settle_rebuild(
+        selections[k], counts, saved(k) if budget is not None else None, decision.notes, peak_target
+    )
+    if settled.rebuild is None and selections[k].rebuild is not None:  # the plan changed: count it again
         measured_bytes.pop(k, None)
         peaks.pop(k, None)
+        selections[k] = settled
         decision.selected_peak_bytes = peak(k) if peak_budget is not None else _optional(lambda: peak(k))
+    selections[k] = settled
     chosen = selections[k]
     decision.selection = chosen
     decision.allowed, decision.fallback_names, decision.groups = chosen.allowed, chosen.fallback, chosen.groups

@@ -151,7 +151,12 @@ class Scope:
     def on_top(self) -> bool:
         """Whether autograd packs with this scope's hooks now (no checkpoint or other hooks pushed since)."""
         top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-        return torch.is_grad_enabled() and top is not None and top[0] == self._pack
+        pack = top[0] if top is not None else None
+        return (
+            torch.is_grad_enabled()
+            and getattr(pack, "__self__", None) is self
+            and (getattr(pack, "__func__", None) is Scope._pack)
+        )
 
     def register(self, out: Tensor, fn: Callable[..., Tensor], tensors: tuple, constants: tuple) -> None:
         key = id(out)
