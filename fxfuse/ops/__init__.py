@@ -10,7 +10,9 @@ op's autograd, `linear_common` what
 linear_act and act_linear share, and `activations` the registry of the
 activations they apply. Importing this package loads fxfuse._C (which defines the schemas and
 the CPU and device-generic kernels) and then registers every op's fake kernels and autograd.
-`compiled` holds the opt-in ATen compositions the wrappers run under torch.compile; `flops`
+`rebuild` is the saved-tensor-hooks scope in which a budget rebuilds BN→activation outputs for
+the ops that keep them (not an op). `compiled` holds the opt-in ATen compositions the wrappers run
+under torch.compile; `flops`
 the ops' formulas for torch.utils.flop_counter; `routing` the switch (`generic_path()`) that
 runs the device-generic implementations on CPU.
 
