@@ -51,7 +51,7 @@ def main() -> None:
         "fxfuse fast + rebuild": _fast(model, xs, True),
         f"fxfuse budget {args.budget}": bench.make_variant(f"budget={args.budget}", model, (x,), cl),
     }
-    with mock.patch.object(policy, "_rebuild_entry", lambda *a: None):
+    with mock.patch.object(policy, "_rebuild_entry", lambda *a: (None, None)):
         variants[f"fxfuse budget {args.budget}, no rebuild"] = bench.make_variant(
             f"budget={args.budget}", model, (x,), cl
         )

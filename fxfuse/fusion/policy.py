@@ -233,17 +233,21 @@ def _region_profile(counts: Counts, pointwise: list[SiteData], notes: list[str])
     return profile
 
 
-def _rebuild_entry(counts: Counts, pointwise: list[SiteData], notes: list[str]) -> Optional[RegionCandidate]:
+def _rebuild_entry(
+    counts: Counts, pointwise: list[SiteData], notes: list[str]
+) -> tuple[Optional[RegionCandidate], Optional[int]]:
     """The ranking's rebuild entry (passes/rebuild.py), from two meta-device counts of the pointwise-only
-    selection; None where rebuilding frees nothing. Each rebuild reads the BN input and writes the output."""
+    selection (None where rebuilding frees nothing), and that selection's saved bytes, which the budget
+    search starts from. Each rebuild reads the BN input and writes the output."""
     base = Plan(allowed_names([], pointwise)[0])
     try:
         rebuilt, moved, count = counts.rebuild_counts(base)
-        freed = counts.plan_bytes(base) - rebuilt
+        base_bytes = counts.plan_bytes(base)
     except Exception as exc:  # noqa: BLE001 - the rebuild is optional: the rest of the ranking still applies
         notes.append(f"no rebuilt activations: counting them on the meta device raised {type(exc).__name__}: {exc}")
-        return None
-    return ranking.rebuild_candidate(freed, 2 * moved, count) if freed > 0 else None
+        return None, None
+    freed = base_bytes - rebuilt
+    return (ranking.rebuild_candidate(freed, 2 * moved, count) if freed > 0 else None), base_bytes
 
 
 def _settle_rebuild(
@@ -297,11 +301,13 @@ def choose_budget(
     else:  # reported beside the saved bytes
         decision.eager_peak_bytes = _optional(counts.eager_peak)
     profile = _region_profile(counts, pointwise, decision.notes)
-    ranking = rank(upgrades, profile, _rebuild_entry(counts, pointwise, decision.notes))
+    rebuild_entry, base_bytes = _rebuild_entry(counts, pointwise, decision.notes)
+    ranking = rank(upgrades, profile, rebuild_entry)
     order = [r.name for r in profile.regions] if profile else []
     selections = [select(ranking[:k], pointwise, order) for k in range(len(ranking) + 1)]
     gains = [estimated_gain(s) for s in selections]
-    measured_bytes: dict[int, Optional[int]] = {}
+    # The empty prefix is the pointwise-only selection _rebuild_entry counted: counted once.
+    measured_bytes: dict[int, Optional[int]] = {} if base_bytes is None else {0: base_bytes}
     peaks: dict[int, int] = {}
 
     def saved(k: int) -> Optional[int]:
@@ -362,12 +368,12 @@ def choose_budget(
     settled = _settle_rebuild(
         selections[k], counts, saved(k) if budget is not None else None, decision.notes, peak_target
     )
-    if settled.rebuild is None and selections[k].rebuild is not None:  # the plan changed: count it again
+    dropped = settled.rebuild is None and selections[k].rebuild is not None
+    selections[k] = settled
+    if dropped:  # the plan changed: count it again
         measured_bytes.pop(k, None)
         peaks.pop(k, None)
-        selections[k] = settled
         decision.selected_peak_bytes = peak(k) if peak_budget is not None else _optional(lambda: peak(k))
-    selections[k] = settled
     chosen = selections[k]
     decision.selection = chosen
     decision.allowed, decision.fallback_names, decision.groups = chosen.allowed, chosen.fallback, chosen.groups

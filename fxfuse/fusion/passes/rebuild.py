@@ -1,11 +1,11 @@
 """BN→activation outputs that ops keep for backward  ⇒  rebuilt there from the BN input (ops/rebuild.py).
 
 Runs last, where the plan asks for it (`Plan.rebuild`, a budget's cheapest entry: fusion/regions/
-ranking.py). A `batch_norm_act` site whose output the graph neither returns nor changes in place
-(nor through a view) is marked `rebuild=True`: inside the optimized forward's `rebuild.Scope`,
-every op that would keep that output for backward (a conv, a multiply, a concatenation's
-consumer) keeps the BN input and the statistics instead, which the BN keeps anyway, and backward
-rebuilds the output with one pointwise pass, the same kernel, so the same bits.
+ranking.py). A `batch_norm_act` site whose every user only reads its output (below) is marked
+`rebuild=True`: inside the optimized forward's `rebuild.Scope`, every op that would keep that
+output for backward (a conv, a multiply, a concatenation's consumer) keeps the BN input and the
+statistics instead, which the BN's backward keeps anyway, and backward rebuilds the output with
+one pointwise pass, the same kernel, so the same bits.
 
 The check is an allow-list: every user must be one that only reads the output (a conv, a Linear, a
 pooling, `cat`, an out-of-place arithmetic op, a reduction, fxfuse's fused calls, `add_into` as the
