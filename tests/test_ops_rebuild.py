@@ -56,7 +56,8 @@ def test_outer_hooks_see_the_recipe_tensors_instead_of_the_output():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with rebuild.Scope():
             y = _loss(*inputs, rebuildable=True)
-    assert any(t is inputs[0] for t in packed)  # the BN input, for the BN and for the recipe
+    # the BN input, for the BN and for each recipe (the conv's and the multiply's): the recipes' tensors reach the hook
+    assert sum(t is inputs[0] for t in packed) == 3
     assert not any(t.shape == inputs[0].shape and t.grad_fn is not None for t in packed)  # never the output
     for e, g in zip(expected, torch.autograd.grad(y, inputs)):
         assert torch.equal(e, g)
@@ -85,6 +86,17 @@ def test_bn_parameter_changed_in_place_before_backward_raises_as_eager():
         y.backward()
 
 
+def test_output_changed_in_place_after_an_op_kept_it_raises_as_eager():
+    x, w, b, conv = _bn_inputs()
+    with rebuild.Tally() as tally, rebuild.Scope():
+        a = ops.batch_norm_act(x, None, None, w, b, True, act="relu", rebuildable=True)
+        y = F.conv2d(a, conv).sum()
+    assert tally.count == 1
+    a.mul_(2)  # eager's conv kept `a`: its backward raises; the recipe must not rebuild the old value silently
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
 def test_eval_statistics_are_those_of_the_forward():
     x, w, b, conv = _bn_inputs(torch.float64)
     mean, var = torch.zeros(4, dtype=x.dtype), torch.ones(4, dtype=x.dtype)
@@ -100,12 +112,11 @@ def test_no_scope_without_grad_under_torch_func_or_without_registration():
     x, w, b, conv = _bn_inputs()
     with torch.no_grad(), rebuild.Scope():
         assert not rebuild.active()
-    with rebuild.Scope():
-        assert rebuild.active()
-        with rebuild.Tally() as tally:
-            pass
-        a = ops.batch_norm_act(x, None, None, w, b, True, act="relu")  # not rebuildable: kept as eager would
-        F.conv2d(a, conv)
+    with rebuild.Tally() as tally:  # counts what the scopes that end inside it packed as recipes
+        with rebuild.Scope():
+            assert rebuild.active()
+            a = ops.batch_norm_act(x, None, None, w, b, True, act="relu")  # not rebuildable: kept as eager would
+            F.conv2d(a, conv)
     assert not rebuild.active() and tally.count == 0
 
     def f(x):
@@ -127,12 +138,24 @@ def test_tensors_held_as_themselves_keep_autograds_in_place_check():
         y.backward()
 
 
-def test_nothing_registered_where_a_checkpoint_packs():
+def test_nothing_registered_where_a_checkpoint_packs(monkeypatch):
     # Inside a checkpoint its hooks keep what is saved: a recipe would only hold the BN input longer.
+    # (The scope drops an entry when its output dies, so `scope._recipes` is empty after the call either way:
+    # the registrations themselves are what is checked.)
+    registered = []
+    register = rebuild.Scope.register
+
+    def spy(self, out, *rest):
+        registered.append(out)
+        register(self, out, *rest)
+
+    monkeypatch.setattr(rebuild.Scope, "register", spy)
     x, w, b, conv = _bn_inputs()
-    with rebuild.Scope() as scope:
+    with rebuild.Scope():
+        _loss(x, w, b, conv, True)
+        assert len(registered) == 1  # outside the checkpoint it registers
         torch.utils.checkpoint.checkpoint(_loss, x, w, b, conv, True, use_reentrant=False)
-        assert rebuild.active() and not scope._recipes
+        assert rebuild.active() and len(registered) == 1
 
 
 def test_a_dropped_forward_leaves_nothing_alive():
@@ -164,3 +187,20 @@ def test_parameters_reach_the_outer_hooks_too():
     with torch.no_grad():
         w.add_(1)  # the hook kept a copy, as it keeps one of everything eager saves: no error, as in eager
     torch.testing.assert_close(torch.autograd.grad(y, conv), expected)
+
+
+def test_bn_input_changed_in_place_after_the_bn_keeps_the_output_as_it_is():
+    # The recipe would rebuild the output from the changed input: autograd.grad to the conv's weight (which
+    # never reaches the BN's own version check) would come out silently wrong. Eager gives the right one.
+    x0, w, b, conv = _bn_inputs(torch.float64)
+
+    def conv_grad(rebuildable):
+        with rebuild.Tally() as tally, rebuild.Scope():
+            x = x0 * 1.0
+            a = ops.batch_norm_act(x, None, None, w, b, True, act="relu", rebuildable=rebuildable)
+            x.mul_(3)
+            y = F.conv2d(a, conv).sum()
+        assert tally.count == 0
+        return torch.autograd.grad(y, conv)[0]
+
+    torch.testing.assert_close(conv_grad(True), conv_grad(False), rtol=0, atol=0)

@@ -14,8 +14,9 @@ any other tensor as it would be packed without it. Hooks already in effect (the 
 `fxfuse.measure`'s counting, a checkpoint around the model) still see every tensor kept: the
 scope hands them the recipe's tensors instead of `a`, and everything else as it came.
 
-A registration matches only the same tensor object, unchanged since (`_version`): a tensor
-changed in place after the BN, or a view of it, is kept as it is. Only sites whose every user
+A registration matches only the same tensor object, unchanged since (`_version`), and only while
+the recipe's tensors are unchanged too: an output or a BN input changed in place after the BN, or
+a view of the output, is kept as it is. Only sites whose every user
 just reads the output are registered (fusion/passes/rebuild.py: an allow-list), and only where
 the BN's backward keeps its input and this scope's hooks are the ones autograd calls (inside a
 checkpoint, its own hooks keep what is saved). An entry is dropped when its output dies.
@@ -104,6 +105,12 @@ class _Rebuilt:
         self.output = output  # (weak reference to the output it rebuilds, its version when packed)
 
 
+def _unchanged(tensors: tuple, versions: tuple) -> bool:
+    """Whether a recipe's tensors are as they were when it was registered (the recipe would rebuild the output
+    from changed ones)."""
+    return all(u is None or u._version == v for u, v in zip(tensors, versions))
+
+
 def _check_unchanged(t: Optional[Tensor], version: int) -> None:
     """Autograd checks no version of a tensor saved-tensor hooks pack: the scope checks what it holds itself."""
     if t is not None and t._version != version:
@@ -163,16 +170,17 @@ class Scope:
         recipes = self._recipes
         # Dropped with the output: its tensors are not held past their use, and a reused id finds no entry.
         ref = weakref.ref(out, lambda _: recipes.pop(key, None))
-        recipes[key] = (ref, out._version, fn, tensors, constants)
+        versions = tuple(None if u is None else u._version for u in tensors)
+        recipes[key] = (ref, out._version, fn, tensors, constants, versions)
 
     def _pack(self, t: Optional[Tensor]) -> Any:
         if t is None:
             return None
         entry = self._recipes.get(id(t))
-        if entry is not None and entry[0]() is t and t._version == entry[1]:
+        if entry is not None and entry[0]() is t and t._version == entry[1] and _unchanged(entry[3], entry[5]):
             self.rebuilt_bytes += t.untyped_storage().nbytes()
             self.rebuilt_count += 1
-            ref, _, fn, tensors, constants = entry
+            ref, _, fn, tensors, constants, _ = entry
             return _Rebuilt(fn, tuple(self._pack(u) for u in tensors), constants, (ref, t._version))
         if self._outer is not None:
             return _Kept(self._outer[0](t), None)
