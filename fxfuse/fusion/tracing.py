@@ -390,7 +390,10 @@ class FxFuseTracer(fx.Tracer):
                 if isinstance(failure, _ChangesState)
                 else (f"{type(failure).__name__}: {first_line(failure)}")
             )
-            return super().call_module(m, forward, args, kwargs)
+            out = super().call_module(m, forward, args, kwargs)
+            if isinstance(failure, _ChangesState) and isinstance(out, fx.Proxy):
+                out.node.meta[CHANGES_STATE_META] = failure.names  # a recompute region must not run it again
+            return out
         if path not in self.traced_modules:
             self.traced_modules.append(path)
         return out
@@ -469,10 +472,13 @@ def _plain_forward(m: nn.Module):
 
 
 _CHANGES_STATE = "its forward changes"
+# node.meta key of a leaf call whose module changes state in forward: what it changes (regions/graph.py)
+CHANGES_STATE_META = "fxfuse_changes_state"
 
 
 class _ChangesState(Exception):
     def __init__(self, names: list[str]) -> None:
+        self.names = names
         super().__init__(
             f"{_CHANGES_STATE} {', '.join(names)} in a way torch.fx cannot record (assignment, a write "
             f"into a dict or list attribute, or an in-place write to a tensor that is not a registered "

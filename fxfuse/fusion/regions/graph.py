@@ -39,6 +39,7 @@ from ..graphs import compile_graph, provenance, subgraph
 from ..hooks import describe_hooks, has_hooks
 from ..passes.driver import SITE_META
 from ..passes.inplace_add import plain_batch_norm
+from ..tracing import CHANGES_STATE_META
 from . import recompute
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -239,6 +240,10 @@ def _region(name: str, kind: str, nodes: list[fx.Node], modules: dict[str, nn.Mo
     changed = _changes_an_input(nodes, inputs, modules)
     if changed:
         region.problem = f"{changed}, which its recompute would read changed"
+    stateful = next((n for n in nodes if n.meta.get(CHANGES_STATE_META)), None)
+    if stateful is not None:
+        changes = ", ".join(stateful.meta[CHANGES_STATE_META])
+        region.problem = f"{stateful.target} changes {changes} in forward, which its recompute would change again"
     if any(isinstance(n.target, user_checkpoint.CheckpointCall) for n in nodes):
         region.problem = user_checkpoint.WINS
     # (the root's own parameters are read, the root is not called: its hooks do not run in a region)

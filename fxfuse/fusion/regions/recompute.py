@@ -81,7 +81,8 @@ class RegionCall:
 
 
 class _buffers_swapped:
-    """Every buffer of `modules` replaced by a copy while the block runs (the copies are dropped after).
+    """Every buffer of `modules` and their submodules replaced by a copy while the block runs (the copies
+    are dropped after).
 
     Re-entrant: a backward with create_graph=True runs the recompute once more for the second
     backward, with the same context object."""
@@ -92,7 +93,10 @@ class _buffers_swapped:
 
     def __enter__(self) -> None:
         originals = []
-        for module in self.modules:
+        # A module the region calls as a leaf (one that could not be traced through) updates the
+        # buffers of its submodules too: a BatchNorm inside it would count a step twice.
+        owners = dict.fromkeys(sub for module in self.modules for sub in module.modules())
+        for module in owners:
             for name, buffer in list(module._buffers.items()):
                 if buffer is not None:
                     originals.append((module, name, buffer))
