@@ -33,13 +33,17 @@ def _close(actual, expected, what=""):
 
 
 def _penalty_grads(fn, x, params):
-    """(gx, gradients of the penalty for x and each of `params`, y) for `y = fn(x, *params)`."""
+    """(gx, gradients of the penalty for x and each of `params`, y) for `y = fn(x, *params)`.
+
+    The penalty reads the first-order gradients of the parameters too (MAML, gradient-norm
+    regularizers): an op whose parameter gradients are not differentiable (a C++ kernel's, where
+    the create_graph path was skipped) differs here even where its input gradient is ATen's."""
     y = fn(x, *params)
     r = torch.linspace(-1, 2, y.numel(), dtype=y.dtype).reshape(y.shape)
-    (gx,) = torch.autograd.grad((y * r).sum(), x, create_graph=True)
-    loss = gx.square().sum() + (y * r.flip(-1)).sum()
     wanted = [x, *[p for p in params if p is not None and p.requires_grad]]
-    return gx, torch.autograd.grad(loss, wanted, materialize_grads=True), y
+    first = torch.autograd.grad((y * r).sum(), wanted, create_graph=True, materialize_grads=True)
+    loss = sum(g.square().sum() for g in first) + (y * r.flip(-1)).sum()
+    return first[0], torch.autograd.grad(loss, wanted, materialize_grads=True), y
 
 
 def _leaf(*shape, positive=False):
@@ -219,15 +223,36 @@ def test_gradgradcheck(name, one_thread):
     assert torch.autograd.gradgradcheck(lambda x, *p: fused(x, *p, *buffers), inputs)
 
 
-def test_normal_backward_takes_the_fast_path(monkeypatch):
-    """Without create_graph the C++ backward runs, and with it the eager recompute does."""
+# Each op family's case and the module whose backward chooses between the C++ op and the recompute.
+FAST_PATH_CASES = {
+    "conv_bn_act-train-relu": "conv_bn_act",
+    "batch_norm_act-train-gelu": "batch_norm_act",
+    "bn_act": "batch_norm_act",
+    "bn_act_conv-train-epilogue": "bn_act_conv",
+    "conv2d-depthwise5x5": "conv2d",
+    "conv_act": "conv_act",
+    "linear_act": "linear_common",
+    "act_linear": "linear_common",
+    "act_linear_scale-gelu": "act_linear_scale",
+    "layer_norm_linear": "layer_norm_linear",
+    "conv_layer_norm_linear": "conv_layer_norm_linear",
+    "gelu-tanh": "gelu",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAST_PATH_CASES))
+def test_normal_backward_takes_the_fast_path(name, monkeypatch):
+    """Without create_graph the C++ backward runs, and with it the eager recompute does. (On CPU some
+    C++ backwards are ATen composites that autograd records, so the values alone cannot tell the
+    recompute was skipped; a device kernel's gradients would not be differentiable.)"""
     from fxfuse.ops import higher_order
 
     calls = []
     original = higher_order.composed_gradients
-    module = importlib.import_module("fxfuse.ops.conv_bn_act")  # fxfuse.ops.conv_bn_act is the op itself
+    # fxfuse.ops.<op> is the op itself: import the module by name.
+    module = importlib.import_module(f"fxfuse.ops.{FAST_PATH_CASES[name]}")
     monkeypatch.setattr(module, "composed_gradients", lambda *a: calls.append(1) or original(*a), raising=True)
-    fused, _, x, params, buffers = CASES["conv_bn_act-train-relu"]()
+    fused, _, x, params, buffers = CASES[name]()
     fused(x, *params, *buffers).sum().backward()
     assert not calls
     torch.autograd.grad(fused(x, *params, *buffers).sum(), x, create_graph=True)
@@ -282,8 +307,10 @@ def _model_penalty(model, x):
     x = x.detach().clone().requires_grad_()
     y = model(x)
     r = torch.linspace(-1, 2, y.numel(), dtype=y.dtype).reshape(y.shape)
-    (gx,) = torch.autograd.grad((y * r).sum(), x, create_graph=True)
-    (gx.square().sum() + (y * r.flip(-1)).sum()).backward()
+    # Parameters' first-order gradients in the penalty too (see _penalty_grads).
+    params = [p for p in model.parameters() if p.requires_grad]
+    gx, *gp = torch.autograd.grad((y * r).sum(), [x, *params], create_graph=True)
+    (gx.square().sum() + sum(g.square().sum() for g in gp) + (y * r.flip(-1)).sum()).backward()
     return y.detach(), gx.detach(), x.grad
 
 
@@ -360,3 +387,42 @@ def _graphs(model):
     from fxfuse.fusion.install import _STATE
 
     return list(model.__dict__[_STATE].fx_graphs.values())
+
+
+class RootStatistics(nn.Module):
+    """A BatchNorm on the root's own parameter and running statistics, between convolutions."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.conv2, self.conv3 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
+        self.bn3 = nn.BatchNorm2d(c)
+        self.register_buffer("running_mean", torch.zeros(c))
+        self.register_buffer("running_var", torch.ones(c))
+        self.weight = nn.Parameter(torch.rand(c) + 0.5)
+        self.fc = nn.Linear(c, 2)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.conv2(y)
+        y = F.batch_norm(y, self.running_mean, self.running_var, self.weight, None, self.training, 0.1, 1e-5)
+        y = F.relu(self.bn3(self.conv3(F.relu(y))))
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize(
+    "make, shape, budget",
+    [(Mlp, (2, 3, 6), 0.3), (ConvNeXtBlock, (2, 4, 7, 7), 0.05), (RootStatistics, (2, 3, 6, 6), 0.2)],
+)
+def test_gradient_penalty_through_regions_reading_the_roots_own_tensors(make, shape, budget, one_thread):
+    """A region that reads a parameter or buffer of the root module itself (`gamma`; a ViT's pos_embed;
+    running statistics): the root's path is "" among the region's modules, which the recompute's
+    buffer swap looked up as an attribute (every forward with grad raised AttributeError); its
+    buffers must be swapped too, or each recompute updates the running statistics once more."""
+    torch.manual_seed(0)
+    eager = make().to(D)
+    x = torch.randn(shape, dtype=D)
+    fused = fxfuse.optimize(copy.deepcopy(eager), x, memory_budget=budget)
+    calls = [n.target for g in _graphs(fused) for n in g.nodes if "RegionCall" in str(n.target)]
+    assert any("" in call.module_paths for call in calls), fused.fxfuse_report
+    _compare_models(eager, fused, x)

@@ -528,3 +528,36 @@ def test_a_region_holding_a_leaf_that_changes_state_in_forward_is_refused():
         measure.train_step(optimized, (x,))
         assert [optimized[i].inner.calls for i in (1, 2, 3)] == [1, 1, 1], optimized.fxfuse_report
         assert [float(optimized[i].inner.seen) for i in (1, 2, 3)] == [1.0, 1.0, 1.0]
+
+
+class _RootTensors(nn.Module):
+    """The root's own parameter and running statistics used between convolutions (a ViT's pos_embed, a
+    layer-scale gamma): a region around them reads the root's tensors, whose path is ""."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.conv2, self.conv3 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
+        self.bn3 = nn.BatchNorm2d(c)
+        self.register_buffer("running_mean", torch.zeros(c))
+        self.register_buffer("running_var", torch.ones(c))
+        self.weight = nn.Parameter(torch.rand(c) + 0.5)
+        self.fc = nn.Linear(c, 2)
+
+    def forward(self, x):
+        y = self.conv2(torch.relu(self.bn1(self.conv1(x))))
+        y = nn.functional.batch_norm(y, self.running_mean, self.running_var, self.weight, None, self.training)
+        y = torch.relu(self.bn3(self.conv3(torch.relu(y))))
+        return self.fc(y.mean((2, 3)))
+
+
+def test_a_region_reading_the_roots_own_tensors_trains_as_eager():
+    """Before, the recompute looked the root up as an attribute named "" (every step raised AttributeError);
+    its running statistics must be swapped too, or each recompute updates them again."""
+    torch.manual_seed(0)
+    model = _RootTensors().double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.2)
+    calls = [n.target for n in _graph(optimized).nodes if isinstance(n.target, recompute.RegionCall)]
+    assert any("" in call.module_paths for call in calls), optimized.fxfuse_report
+    assert_equivalent(model, optimized, x, dtype=torch.float64, steps=2)

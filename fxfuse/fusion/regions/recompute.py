@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -63,12 +63,17 @@ class RegionCall:
             owner,
             *inputs,
             use_reentrant=False,
-            context_fn=lambda: (contextlib.nullcontext(), _buffers_swapped(self._modules(owner))),
+            context_fn=lambda: (
+                contextlib.nullcontext(),
+                _buffers_swapped(self._modules(owner), owner if "" in self.module_paths else None),
+            ),
         )
 
     def _modules(self, owner: types.SimpleNamespace) -> list[nn.Module]:
         modules = []
         for path in self.module_paths:
+            if not path:  # the root: its own tensors are `owner`'s attributes (_buffers_swapped swaps them there)
+                continue
             head, *rest = path.split(".")
             module = getattr(owner, head)
             if rest:
@@ -85,10 +90,15 @@ class _buffers_swapped:
     are dropped after).
 
     Re-entrant: a backward with create_graph=True runs the recompute once more for the second
-    backward, with the same context object."""
+    backward, with the same context object.
 
-    def __init__(self, modules: Sequence[nn.Module]) -> None:
+    `owner`, where the region reads the root's own tensors: the root is no component (the region
+    gets those tensors themselves as `owner`'s attributes), so its buffers are swapped there: each
+    tensor attribute that is not a Parameter."""
+
+    def __init__(self, modules: Sequence[nn.Module], owner: Optional[types.SimpleNamespace] = None) -> None:
         self.modules = modules
+        self.owner = owner
         self.entered: list[list] = []
 
     def __enter__(self) -> None:
@@ -101,8 +111,16 @@ class _buffers_swapped:
                 if buffer is not None:
                     originals.append((module, name, buffer))
                     module._buffers[name] = buffer.clone()
+        if self.owner is not None:
+            for name, value in list(vars(self.owner).items()):
+                if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                    originals.append((self.owner, name, value))
+                    setattr(self.owner, name, value.clone())
         self.entered.append(originals)
 
     def __exit__(self, *exc) -> None:
-        for module, name, buffer in self.entered.pop():
-            module._buffers[name] = buffer
+        for holder, name, buffer in self.entered.pop():
+            if isinstance(holder, nn.Module):
+                holder._buffers[name] = buffer
+            else:
+                setattr(holder, name, buffer)
