@@ -127,19 +127,22 @@ TARGETS = ["stem.1", "stem.0", "stem.2", "block", "block.conv", "stem", "norm", 
 
 def _run(model, x, register=None, records=None, steps=2):
     """Two SGD steps and an eval forward; `register(model)` right after the first train forward
-    when given. Returns outputs, parameter gradients and the final state."""
+    when given. Returns outputs, input and parameter gradients and the final state. The input requires
+    grad, so that a full backward hook on the first layer gets (and may change) a gradient."""
     torch.manual_seed(5)
     projection = torch.randn(2, 2, dtype=torch.float64)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     outs, grads = [], []
     for step in range(steps):
         model.train()
-        y = model(x)
+        leaf = x.detach().clone().requires_grad_()
+        y = model(leaf)
         if step == 0 and register is not None:
             register(model)
         opt.zero_grad()
         (y * projection).sum().backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        grads.append({"<input>": leaf.grad.clone()})
+        grads[-1].update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         opt.step()
         outs.append(y.detach())
     model.eval()
@@ -192,6 +195,9 @@ def test_hook_fires_as_in_eager(kind, target, when):
     if kind not in ("forward_modify", "full_backward_modify"):
         # 2 backwards, 3 forwards (two train, one eval), one less when registered after the first forward
         assert len(records["eager"]) == (2 if "backward" in kind else 3) - (when == "after")
+    if "modify" in kind:  # the hook does change eager's run, so a fused run without it would differ
+        with pytest.raises(AssertionError):
+            _assert_close(_run(_net(), x), eager_run, "unhooked against hooked")
     _compare(eager_run, fused_run, records["eager"], records["fused"])
 
 
@@ -225,23 +231,44 @@ def test_hooks_added_and_removed_after_optimize_switch_graphs():
     handle.remove()
     assert _fxfuse_ops(model, x) == fused_ops and len(seen) == 1
     handle = model.block.register_forward_pre_hook(lambda mod, args: seen.append(args))
-    assert _fxfuse_ops(model, x) > 0 and len(seen) == 2  # block's own forward is fused on its own
+    # block's own forward is fused on its own: the same fxfuse ops run (stem's alone would also be > 0)
+    assert _fxfuse_ops(model, x) == fused_ops and len(seen) == 2
+    assert optimize_module.is_optimized(model.block)
     handle.remove()
     assert _fxfuse_ops(model, x) == fused_ops and len(seen) == 2
     assert_equivalent(_net(), model, x, dtype=torch.float64)
 
 
+class TrainBranchBlock(Block):
+    """A Block whose forward branches on `self.training` in Python: tracing bakes the branch into the graph."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y * 0.5 if self.training else y + 1.0
+
+
+def _train_branch_net():
+    net = _net()
+    torch.manual_seed(0)
+    net.block = TrainBranchBlock().double()
+    return net
+
+
 def test_hook_and_train_eval_switches_combine():
+    """With a hook registered after optimize, each train/eval switch still runs that mode's graph (the key
+    holds both which modules have hooks and the training flags): block's traced `self.training` branch."""
     x = _input()
-    eager, fused = _net(), fxfuse.optimize(_net())
+    eager, fused = _train_branch_net(), fxfuse.optimize(_train_branch_net())
     seen = {"eager": [], "fused": []}
+    outputs = {"eager": [], "fused": []}
     for name, model in (("eager", eager), ("fused", fused)):
         model.block.bn.register_forward_hook(lambda mod, args, out, rec=seen[name]: rec.append(out.clone()))
         for training in (True, False, True, False):
             model.train(training)
             with torch.no_grad():
-                model(x)
+                outputs[name].append(model(x))
     _assert_close(seen["eager"], seen["fused"], "BN outputs")
+    _assert_close(outputs["eager"], outputs["fused"], "model outputs")
     _assert_close(eager.state_dict(), fused.state_dict(), "state")
 
 

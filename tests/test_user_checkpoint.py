@@ -87,6 +87,73 @@ def test_checkpoint_regions_are_kept_fused_and_exact(reentrant):
         assert _saved_bytes(optimized, x) <= _saved_bytes(model, x)
 
 
+class RawInput(nn.Module):
+    """The first block checkpointed on the model's input itself, which (as in training) does not require grad."""
+
+    def __init__(self, p=0.0, **options):
+        super().__init__()
+        self.options = options
+        self.block = Block(c=3, p=p)
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x):
+        return self.fc(checkpoint(self.block, x, **self.options).mean((2, 3)))
+
+
+def _train_like_eager(eager, fused, x, steps=2):
+    """`steps` forward/backward/SGD steps of both models from the same RNG state at each step (backward
+    included: a recompute without preserve_rng_state draws from it), compared; returns eager's gradients."""
+    grads = {"eager": [], "fused": []}
+    for name, model in (("eager", eager), ("fused", fused)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(steps):
+            torch.manual_seed(100 + step)
+            opt.zero_grad(set_to_none=True)
+            model(x).sum().backward()
+            grads[name].append({n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()})
+            opt.step()
+    for e, f in zip(grads["eager"], grads["fused"]):
+        assert e.keys() == f.keys()
+        for n in e:
+            assert (e[n] is None) == (f[n] is None), n
+            if e[n] is not None:
+                torch.testing.assert_close(f[n], e[n], rtol=1e-9, atol=1e-12, msg=n)
+    for (n, a), (_, b) in zip(eager.state_dict().items(), fused.state_dict().items()):
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12, msg=n)
+    return grads["eager"]
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_kind_is_kept_for_an_input_without_grad(reentrant):
+    """Reentrant checkpointing of an input that does not require grad gives the region's parameters no
+    gradient (eager warns "None of the inputs have requires_grad=True"); non-reentrant gives them one.
+    assert_equivalent's inputs require grad, where both kinds compute the same: this is what tells them apart."""
+    model = RawInput(use_reentrant=reentrant).double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert any(s.modules[0].startswith("block") for s in optimized.fxfuse_report.fused)  # fused inside
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        grads = _train_like_eager(model, optimized, _x())
+    assert (grads[0]["block.conv1.weight"] is None) == reentrant  # the two kinds do differ here
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_preserve_rng_state_false_is_kept(reentrant):
+    """Dropout under preserve_rng_state=False: eager's recompute draws a new mask from the RNG state at
+    backward; a recompute that restored the state (the default) would give other gradients."""
+    model = RawInput(p=0.3, use_reentrant=reentrant, preserve_rng_state=False).double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    x = _x().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        _train_like_eager(model, optimized, x)
+        # the option matters here: with preserve_rng_state=True eager's gradients are other ones
+        preserved = copy.deepcopy(model)
+        preserved.options = dict(use_reentrant=reentrant)
+        with pytest.raises(AssertionError):
+            _train_like_eager(copy.deepcopy(model), preserved, x, steps=1)
+
+
 def test_batch_norm_state_advances_twice_per_step_as_in_eager():
     model = Net(use_reentrant=False).double()
     optimized = fxfuse.optimize(copy.deepcopy(model))
@@ -99,7 +166,77 @@ def test_batch_norm_state_advances_twice_per_step_as_in_eager():
     torch.testing.assert_close(optimized.blocks[1].bn2.running_var, model.blocks[1].bn2.running_var, rtol=1e-12, atol=0)
 
 
-def test_checkpoint_options_are_passed_on():
+class TailBlock(nn.Module):
+    """conv → BN → SiLU, then an add: the fused conv→BN→SiLU op holds the region's last saved tensor."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv, self.bn, self.act = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.SiLU()
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x))) + x
+
+
+class TailNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 1)
+        self.blocks = nn.Sequential(TailBlock(), TailBlock())
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        return x.mean((2, 3))
+
+
+def test_running_statistics_advance_twice_when_a_fused_op_saves_last():
+    """Non-reentrant checkpointing stops its recompute early, right after the last saved tensor: where a
+    fused BatchNorm op saves it, that stop would skip the op's running-statistics update (fxfuse's BN ops
+    update after saving), which eager's recompute makes. fxfuse runs such a recompute to its end."""
+    model = TailNet().double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert any(s.modules[0].startswith("blocks.1") for s in optimized.fxfuse_report.fused)
+    x = _x()
+    for m in (model, optimized):
+        m(x.clone().requires_grad_()).sum().backward()
+    for name, buffer in model.named_buffers():
+        torch.testing.assert_close(optimized.get_buffer(name), buffer, rtol=1e-12, atol=0, msg=name)
+
+
+class Untraceable(TailBlock):
+    """A TailBlock whose forward branches on a tensor's value: torch.fx cannot trace it, so fxfuse
+    keeps it a module call and optimizes its children on their own."""
+
+    def __init__(self, c=8):
+        super().__init__(c)
+        self.body = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.SiLU())
+
+    def forward(self, x):
+        if x.mean() > 1e6:
+            return x
+        return self.body(x) + x
+
+
+@pytest.mark.parametrize("why", ["hooked", "untraceable"])
+def test_running_statistics_advance_twice_in_a_module_optimized_on_its_own(why):
+    """The checkpointed block is a module call in the caller's graph (it has a hook, or cannot be traced), and
+    its own fused conv→BN→SiLU saves the region's last tensor: the recompute must still run to the end."""
+    model = TailNet().double()
+    if why == "hooked":
+        model.blocks[1].register_forward_hook(lambda module, args, out: None)
+    else:
+        model.blocks[1] = Untraceable().double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert any(s.modules[0].startswith("blocks.1.") for s in optimized.fxfuse_report.fused)
+    x = _x()
+    for m in (model, optimized):
+        m(x.clone().requires_grad_()).sum().backward()
+    for name, buffer in model.named_buffers():
+        torch.testing.assert_close(optimized.get_buffer(name), buffer, rtol=1e-12, atol=0, msg=name)
+
+
+def test_checkpoint_options_are_passed_on(monkeypatch):
     """Dropout under preserve_rng_state, context_fn (called as often as in eager) and determinism_check."""
     entered = []
 
@@ -119,6 +256,17 @@ def test_checkpoint_options_are_passed_on():
     copy.deepcopy(model)(_x().requires_grad_()).sum().backward()
     assert one_step == len(entered) == 2 and eager_calls > 0  # once per checkpoint call
     assert [c.options["context_fn"] for c in _checkpoint_calls(optimized)] == [context_fn, context_fn]
+    # what reaches torch.utils.checkpoint at run time: every option the model gave (determinism_check="none"
+    # only shows where a recompute's tensors differ from the forward's, which eager then reports)
+    passed, real = [], torch.utils.checkpoint.checkpoint
+
+    def spy(function, *args, **kwargs):
+        passed.append({k: kwargs.get(k) for k in options})
+        return real(function, *args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", spy)
+    optimized(_x().requires_grad_()).sum().backward()
+    assert passed == [options, options]
 
 
 class Sequential(nn.Module):
@@ -200,6 +348,31 @@ def test_no_site_crosses_a_checkpoint_boundary():
     assert any(user_checkpoint.CROSSES in s.reason for s in optimized.fxfuse_report.skipped)
     assert not optimized.fxfuse_report.fused
     assert _checkpoint_calls(optimized)[0].name.startswith("checkpoint(CrossBoundary.forward.<locals>.<lambda>")
+    assert_equivalent(model, optimized, _x(), dtype=torch.float64)
+
+
+class NestedCrossBoundary(nn.Module):
+    """Inside an outer checkpoint, a BN whose ReLU is in an inner one: the inner boundary splits conv→BN→ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.other = nn.Conv2d(3, 8, 1)
+
+    def forward(self, x):
+        def outer(t):
+            y = self.bn(self.conv(t))
+            return checkpoint(lambda u: torch.relu(y) * u, self.other(t), use_reentrant=False)
+
+        return checkpoint(outer, x, use_reentrant=False).mean((2, 3))
+
+
+def test_no_site_crosses_a_nested_checkpoint_boundary():
+    """A node traced in an inner region belongs to it, not to the outer one around it: fused across the
+    inner boundary, the BN would run (and update its statistics) in the inner region's recomputes too."""
+    model = NestedCrossBoundary().double()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert any(user_checkpoint.CROSSES in s.reason for s in optimized.fxfuse_report.skipped)
     assert_equivalent(model, optimized, _x(), dtype=torch.float64)
 
 

@@ -13,7 +13,7 @@ import torch.fx as fx
 from torch import nn
 
 from . import user_checkpoint
-from .capture import Capture, copy_of
+from .capture import Capture, copy_of, is_library_module
 from .passes import PassContext, run_passes
 from .passes.driver import SITE_META
 from .plan import Findings, Options
@@ -29,7 +29,11 @@ def apply(root: nn.Module, captured: Capture, options: Options) -> tuple[fx.Grap
     sites = set(plan.sites) if plan.sites is not None else None
     run_passes(PassContext(graph, root, options.pass_mode, found, own.shapes, sites, plan.rebuild))
     if own.traced.user_checkpoints:
-        found.notes.extend(user_checkpoint.extract(graph, own.traced.user_checkpoints, SITE_META))
+        # module calls whose forward (or children) fxfuse optimizes on its own (install._optimize_inside)
+        traced = own.traced
+        hooked = [p for p in traced.hooked if not is_library_module(root.get_submodule(p))]
+        on_their_own = {*traced.leaf_failures, *hooked}
+        found.notes.extend(user_checkpoint.extract(graph, traced.user_checkpoints, SITE_META, on_their_own))
     if plan.regions:
         found.notes.extend(regions.apply(graph, root, plan.regions, plan.flat_links))
     return graph, found

@@ -259,11 +259,14 @@ class CheckpointCall:
         return f"CheckpointCall({self.name})"
 
 
-def extract(graph: fx.Graph, specs: list[Spec], site_key: str) -> list[str]:
+def extract(graph: fx.Graph, specs: list[Spec], site_key: str, optimized_on_their_own: Iterable[str] = ()) -> list[str]:
     """Replace every marked region (innermost first) by a CheckpointCall node; returns report notes.
 
     `site_key`: the node.meta key of the fused sites, to count those inside each region.
+    `optimized_on_their_own`: the paths of the graph's module calls whose forward (or children) fxfuse
+    optimizes on its own (hooked modules, modules it could not trace through): they may hold fused calls too.
     """
+    optimized_on_their_own = set(optimized_on_their_own)
     notes = []
     starts: dict[int, fx.Node] = {}
     for node in list(graph.nodes):
@@ -281,6 +284,7 @@ def extract(graph: fx.Graph, specs: list[Spec], site_key: str) -> list[str]:
                     members.append(cursor)
                 cursor = cursor.next
             fused = sum(1 for n in members if site_key in n.meta or _is_fxfuse_call(n))
+            own = [n.target for n in members if n.op == "call_module" and n.target in optimized_on_their_own]
             user_args = list(start.args[1:])
             graph.erase_node(node)
             graph.erase_node(start)
@@ -293,15 +297,17 @@ def extract(graph: fx.Graph, specs: list[Spec], site_key: str) -> list[str]:
                 f"{name}: the model's own torch.utils.checkpoint ({kind}) kept as a checkpoint region, "
                 f"{fused} fused call(s) inside"
             )
-            if fused and not call.reentrant and spec.options.get("early_stop", True):
+            if (fused or own) and not call.reentrant and spec.options.get("early_stop", True):
                 # fxfuse's BatchNorm ops update running statistics after saving their tensors: an early stop
-                # right after the last save would skip that update, which eager's recompute makes.
+                # right after the last save would skip that update, which eager's recompute makes. A module
+                # call optimized on its own (own) may hold such ops too.
                 call.options["early_stop"] = False
+                where = f" (also those inside {', '.join(own)}, optimized on its own)" if own else ""
                 notes.append(
                     f"{name}: its recompute runs to the region's end (early_stop=False), so that fxfuse's fused "
-                    "BatchNorm calls update running statistics again as eager's do; an op after the region's "
-                    "last saved tensor that changes state without saving one would run twice where eager's "
-                    "early stop runs it once"
+                    f"BatchNorm calls{where} update running statistics again as eager's do; an op after the "
+                    "region's last saved tensor that changes state without saving one would run twice where "
+                    "eager's early stop runs it once, and forward hooks there fire again"
                 )
     for node in list(graph.nodes):
         if node.op == "get_attr" and not node.users:
