@@ -528,9 +528,10 @@ def _forward_backward(model: nn.Module, inputs: tuple[Any, ...], seed: int, cuda
     params = _named_clones(model.named_parameters())
     leaves, args = _fresh_inputs(inputs)
     model.zero_grad(set_to_none=True)
-    with torch.enable_grad():
-        with _seeded_rng(seed, cuda_devices):
-            outputs = flatten_named(model(*args), "output")
+    # Backward under the same seeded state: a checkpoint with preserve_rng_state=False draws its
+    # recompute's dropout masks there.
+    with torch.enable_grad(), _seeded_rng(seed, cuda_devices):
+        outputs = flatten_named(model(*args), "output")
         loss = _projection_loss(outputs)
         if loss is not None:
             loss.backward()

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from support.planted_defects import DEFECTS, plant
 from torch import nn
 
@@ -512,3 +513,23 @@ def test_a_reference_that_cannot_run_in_float64_says_how_to_opt_out():
     with pytest.raises(ConfigurationError, match=r"float64 copy of the reference could not run .*fp64_reference=False"):
         assert_equivalent(model, copy.deepcopy(model), torch.randn(3, 4))
     assert_equivalent(model, copy.deepcopy(model), torch.randn(3, 4), fp64_reference=False)
+
+
+class _UnpreservedDropout(nn.Module):
+    """Dropout inside a checkpoint that does not restore the RNG state: its recompute draws new masks in
+    backward, from the generator's state there."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.drop = nn.Conv2d(3, 4, 3), nn.Dropout(0.5)
+
+    def forward(self, x):
+        block = lambda t: self.conv(self.drop(t)).relu()  # noqa: E731
+        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)
+
+
+def test_the_backward_runs_under_the_seeded_generator_too():
+    torch.manual_seed(0)
+    model = _UnpreservedDropout().double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    assert_equivalent(model, copy.deepcopy(model), x, dtype=torch.float64, steps=2)
