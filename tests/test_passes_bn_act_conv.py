@@ -124,3 +124,25 @@ def test_autocast_follows_eager_precision():
         out, ref = optimized(x), model(x)
     assert out.dtype == ref.dtype  # float32: the residual add promotes the bfloat16 BN output
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+
+
+class LeakyPreActivation(nn.Module):
+    """BN → LeakyReLU(0.2) → conv: the merged op must apply the activation's parameter."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.bn0, self.act, self.conv1 = nn.BatchNorm2d(c), nn.LeakyReLU(0.2), nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv1(self.act(self.bn0(x)))
+
+
+@pytest.mark.parametrize("mode", ["fast", "memory"])
+def test_merged_activation_keeps_its_parameter(mode):
+    torch.manual_seed(0)
+    model = LeakyPreActivation().to(F64)
+    x = torch.randn(2, 4, 6, 6, dtype=F64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, mode=mode)
+    (call,) = _calls(optimized, runtime.bn_act_conv_module)
+    assert call.args[2:4] == ("leaky_relu", 0.2)
+    assert_equivalent(model, optimized, x, steps=2)

@@ -136,6 +136,8 @@ def test_add_into_writes_over_fresh_only_when_the_result_is_the_same():
     out_of_place(x, 2.0)  # not a tensor
     out_of_place(x, x)  # the same tensor
     out_of_place(x[:, :2], torch.randn(2, 2, 4, 5))  # a view
+    out_of_place(x[:1], torch.randn(1, 3, 4, 5))  # a view with other's shape and strides: its base would change
+    out_of_place(torch.randn(1, 3, 4, 5), x)  # the strides agree, the shapes do not: the result is larger
     leaf = torch.randn(2, 3, requires_grad=True)
     got = runtime.add_into(leaf, torch.ones(2, 3))
     assert got is not leaf and got.grad_fn is not None
