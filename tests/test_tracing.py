@@ -425,3 +425,96 @@ def test_a_call_in_signature_order():
     assert tracing.in_signature_order(forward, (), {"mask": 3, "x": 1}) == (1, 3, 1.0)
     assert tracing.in_signature_order(forward, (), {"mask": 3}) is None  # x missing
     assert tracing.in_signature_order(forward, (1,), {"other": 3}) is None  # goes to **kwargs
+
+
+def _stem():
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU())
+
+
+class AugmentedView(nn.Module):
+    """`v += 1` on a view: eager writes into `y`, a graph would add into a new tensor and leave `y`."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.conv = _stem(), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(self.stem(x))
+        v = y[:, :2]
+        v += 1
+        return torch.relu(y)
+
+
+class AugmentedAlias(nn.Module):
+    """`y += 1` while another name still holds `y`: eager's `z` is `y` changed."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.conv = _stem(), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(self.stem(x))
+        z = y
+        y += 1
+        return z * 2 + y
+
+
+class AugmentedInput(nn.Module):
+    """`x += 1` on the forward's input: eager changes the caller's tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = _stem()
+
+    def forward(self, x):
+        x += 1
+        return self.stem(x)
+
+
+class AugmentedFresh(nn.Module):
+    """ResNet's `out += identity` on a tensor nothing else holds: the graph's new tensor is eager's."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.conv, self.bn = _stem(), nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        identity = self.stem(x)
+        out = self.bn(self.conv(identity))
+        out += identity
+        return torch.relu(out)
+
+
+@pytest.mark.parametrize("model_class", [AugmentedView, AugmentedAlias])
+def test_an_augmented_assignment_another_name_reads_stays_untraced_and_exact(model_class):
+    torch.manual_seed(0)
+    model = model_class().double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    with pytest.raises(TracingError, match="records as a new tensor"):
+        tracing.trace(model)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    assert any("records as a new tensor" in note for note in optimized.fxfuse_report.notes)
+    assert optimized.fxfuse_report.fused  # the stem, optimized on its own
+    assert_equivalent(model, optimized, x, dtype=torch.float64, steps=2)
+
+
+def test_an_augmented_assignment_to_the_input_changes_the_callers_tensor_as_eager():
+    torch.manual_seed(0)
+    model = AugmentedInput().double()
+    optimized = fxfuse.optimize(copy.deepcopy(model), torch.randn(2, 3, 6, 6, dtype=torch.float64))
+    assert any("the caller's input" in note for note in optimized.fxfuse_report.notes)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    xs = [x.clone(), x.clone()]
+    torch.testing.assert_close(optimized(xs[1]), model(xs[0]), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(xs[1], xs[0], rtol=0, atol=0)
+    torch.testing.assert_close(xs[0], x + 1, rtol=0, atol=0)
+
+
+def test_an_augmented_assignment_nothing_else_reads_is_traced():
+    torch.manual_seed(0)
+    model = AugmentedFresh().double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    tracing.trace(model)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x)
+    assert len(optimized.fxfuse_report.fused) == 2, optimized.fxfuse_report
+    assert_equivalent(model, optimized, x, dtype=torch.float64, steps=2)

@@ -42,7 +42,7 @@ import functools
 import inspect
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.fx as fx
@@ -219,6 +219,30 @@ class ShapeProxy(fx.Proxy):
         return super().__len__()
 
 
+def _augmented(op: Callable[[Any, Any], Any]) -> Callable[[ShapeProxy, Any], Any]:
+    """`proxy op= other`: torch.fx records it as the out-of-place op and rebinds the name, where eager
+    writes into the tensor; the tracer notes the pair so that a trace whose graph would differ (another
+    name still reads the tensor: _augmented_problem) is refused."""
+
+    def method(self: ShapeProxy, other: Any) -> Any:
+        result = op(self, other)
+        noted = getattr(self.tracer, "augmented", None)
+        if isinstance(result, fx.Proxy) and noted is not None:
+            noted.append((self.node, result.node, op.__name__))
+        return result
+
+    return method
+
+
+for _name, _op in (
+    ("iadd", operator.add), ("isub", operator.sub), ("imul", operator.mul), ("itruediv", operator.truediv),
+    ("ifloordiv", operator.floordiv), ("imod", operator.mod), ("ipow", operator.pow), ("imatmul", operator.matmul),
+    ("iand", operator.and_), ("ior", operator.or_), ("ixor", operator.xor), ("ilshift", operator.lshift),
+    ("irshift", operator.rshift),
+):  # fmt: skip
+    setattr(ShapeProxy, f"__{_name}__", _augmented(_op))
+
+
 def meta_of(proxy: fx.Proxy) -> Any:
     """The meta value a proxy carries (an attribute proxy's, from its owner's), or None."""
     if isinstance(proxy, fx.proxy.Attribute):
@@ -237,6 +261,7 @@ class FxFuseTracer(fx.Tracer):
         self.traced_modules: list[str] = []
         self.user_checkpoints: list[user_checkpoint.Spec] = []
         self.hooked: dict[str, str] = {}
+        self.augmented: list[tuple[fx.Node, fx.Node, str]] = []  # (tensor, result, op) of each `a op= b`
         # Concrete shapes (see the module doc): metas of the example inputs, a meta copy of the
         # root to run modules on, the module paths to trace concretely ("" the root), and whether
         # any shape read was answered with a number.
@@ -367,6 +392,7 @@ class FxFuseTracer(fx.Tracer):
         module_stack = collections.OrderedDict(self.module_stack)
         num_calls = dict(self.num_calls)
         n_traced = len(self.traced_modules)
+        n_augmented = len(self.augmented)
         concrete = self.concrete
         self.concrete = concrete or path in self.concrete_paths
         self.guard.begin(m)
@@ -385,6 +411,7 @@ class FxFuseTracer(fx.Tracer):
             self.module_stack = module_stack
             self.num_calls = num_calls
             del self.traced_modules[n_traced:]
+            del self.augmented[n_augmented:]
             self.leaf_failures[path] = (
                 str(failure)
                 if isinstance(failure, _ChangesState)
@@ -471,6 +498,65 @@ def _plain_forward(m: nn.Module):
     return m.forward
 
 
+# Ops whose result may share storage with their first argument (views, and ops that may return it).
+_VIEW_METHODS = frozenset(
+    {"view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "transpose",
+     "permute", "t", "narrow", "select", "chunk", "split", "tensor_split", "unbind", "expand", "expand_as",
+     "contiguous", "detach", "movedim", "moveaxis", "as_strided", "diagonal", "swapaxes", "swapdims", "unfold",
+     "to", "type_as", "float", "double", "half", "bfloat16", "getitem", "real", "imag", "view_as_real"}
+)  # fmt: skip
+_VIEW_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
+
+
+def _view_base(node: fx.Node) -> Optional[fx.Node]:
+    """The node whose storage `node` may share (its first argument), where `node` is a view-like op."""
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    if node.op == "call_function" and node.target is getattr:
+        return node.args[0] if len(node.args) == 2 and node.args[1] in _VIEW_ATTRIBUTES else None
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return node.args[0] if node.op in ("call_method", "call_function") and name in _VIEW_METHODS else None
+
+
+def _augmented_problem(graph: fx.Graph, augmented: list[tuple[fx.Node, fx.Node, str]]) -> str:
+    """Why an `a op= b` of the trace would compute other values than eager's in-place op, or "".
+
+    The graph computes `a op b` into a new node and later code reads that; eager writes into `a`, so any
+    other reference to `a`'s storage read after it (an alias, a view, the tensor it is a view of, or the
+    caller's input) sees the change in eager and not in the graph."""
+    if not augmented:
+        return ""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for old, new, op in augmented:
+        if old not in order or new not in order:
+            continue
+        base = old
+        while _view_base(base) is not None:
+            base = _view_base(base)
+        family, todo = {base}, [base]
+        while todo:
+            for user in todo.pop().users:
+                if user not in family and _view_base(user) in family:
+                    family.add(user)
+                    todo.append(user)
+        read_later = any(order[u] > order[new] for member in family for u in member.users if u is not new)
+        if read_later or base.op == "placeholder":
+            what = "the caller's input" if base.op == "placeholder" else f"'{base.name}'"
+            return (
+                f"`{old.name} {_AUGMENTED_SYMBOLS.get(op, op)}= ...` writes into {what} in eager, which torch.fx "
+                "records as a new tensor; the tensor is read again afterwards (an alias or a view of it), "
+                "so the traced graph would compute other values. Write `x = x + y` (a new tensor), or "
+                "`x.add_(y)` (an in-place op the trace records)"
+            )
+    return ""
+
+
+_AUGMENTED_SYMBOLS = {
+    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**", "matmul": "@",
+    "and_": "&", "or_": "|", "xor": "^", "lshift": "<<", "rshift": ">>",
+}  # fmt: skip
+
+
 _CHANGES_STATE = "its forward changes"
 # node.meta key of a leaf call whose module changes state in forward: what it changes (regions/graph.py)
 CHANGES_STATE_META = "fxfuse_changes_state"
@@ -550,6 +636,9 @@ def _trace(
         changed = guard.end()
     if changed:
         raise TracingError(f"{type(root).__name__}: {_ChangesState(changed)}")
+    problem = _augmented_problem(graph, tracer.augmented)
+    if problem:
+        raise TracingError(f"{type(root).__name__}: {problem}")
     return TraceResult(
         graph,
         [""] + tracer.traced_modules,
