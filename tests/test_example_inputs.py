@@ -6,6 +6,8 @@ with an input that makes it fail: it either raises, or leaves a note in the repo
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torchvision
@@ -111,3 +113,25 @@ def test_untraceable_forward_falls_back_to_submodules_and_says_so():
     assert report.fused and any(
         "forward is not traceable" in n and "optimizing its submodules" in n for n in report.notes
     )
+
+
+def test_a_batch_of_one_is_a_fine_example_size_in_train_mode():
+    """Example inputs size the model: a batch of one, which training-mode BatchNorm rejects after global
+    pooling, is accepted (the check runs in eval mode), and the model stays in train mode, where the
+    optimized model then rejects that batch as eager does, with eager's error."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 4), nn.BatchNorm1d(4),
+    ).double().train()  # fmt: skip
+    reference = copy.deepcopy(model)
+    one = torch.randn(1, 3, 8, 8, dtype=torch.double)
+    optimized = fxfuse.optimize(model, one)
+    assert optimized.training and all(m.training for m in optimized.modules())
+    assert [s.op for s in optimized.fxfuse_report.fused] == ["fxfuse::conv_bn_act"]
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        reference(one)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        optimized(one)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.double)
+    torch.testing.assert_close(optimized(x), reference(x), rtol=1e-12, atol=1e-12)

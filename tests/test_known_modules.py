@@ -1,6 +1,7 @@
 """timm's norm-act family, fused exactly as eager: BatchNormAct2d (with its act and drop) and Conv2dSame."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -126,10 +127,18 @@ def test_subclass_that_changes_forward_runs_its_own_forward():
 def test_bad_input_raises_what_eager_raises():
     model = ConvNormAct(nn.Conv2d(3, 8, 3), BatchNormAct2d(8))
     optimized = fxfuse.optimize(copy.deepcopy(model))
-    for bad in (torch.randn(3, 8, 8), torch.randn(2, 4, 8, 8)):
+    bad_inputs = {
+        "rank3": torch.randn(3, 8, 8),
+        "channels": torch.randn(2, 4, 8, 8),
+        "dtype": torch.randn(2, 3, 8, 8, dtype=F64),
+        "rank5": torch.randn(1, 2, 3, 8, 8),
+        "batch1-1x1-train": torch.randn(1, 3, 3, 3),  # BN sees one value per channel
+    }
+    for bad in bad_inputs.values():
         with pytest.raises(Exception) as eager:
             model(bad)
-        with pytest.raises(eager.type):
+        first_line = str(eager.value).splitlines()[0]
+        with pytest.raises(eager.type, match=re.escape(first_line)):
             optimized(bad)
 
 
@@ -162,3 +171,16 @@ def test_conv2d_same_then_activation_is_fused():
     torch.manual_seed(0)
     model = nn.Sequential(Conv2dSame(3, 8, 3, stride=2), nn.SiLU()).to(F64)
     _check(model, torch.randn(2, 3, 9, 9, dtype=F64), ["conv2d→silu"])
+
+
+def test_conv2d_same_pads_each_call_from_its_own_non_square_input():
+    """Conv2dSame pads from the input's height and width on every call: a graph built for one size runs at
+    others, and the height's padding is not the width's."""
+    torch.manual_seed(0)
+    model = ConvNormAct(Conv2dSame(3, 8, (3, 5), stride=2), BatchNormAct2d(8, act_layer=nn.SiLU)).to(F64)
+    x = torch.randn(2, 3, 9, 8, dtype=F64)
+    optimized = _check(model, x, ["conv2d→batch_norm2d→silu"])
+    for size in ((11, 14), (9, 8), (8, 13)):
+        y = torch.randn(2, 3, *size, dtype=F64)
+        torch.testing.assert_close(optimized(y), model(y), rtol=1e-12, atol=1e-12)
+    assert_equivalent(model, optimized, torch.randn(3, 3, 8, 13, dtype=F64), steps=2)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxfuse
-from fxfuse.fusion import tracing
+from fxfuse.fusion import install, tracing
 from fxfuse.testing import assert_equivalent
 
 
@@ -63,6 +63,12 @@ class Net(nn.Module):
         return y.mean((2, 3))
 
 
+def _fused_graph(optimized, *args) -> bool:
+    """Whether the optimized model runs a rewritten graph with a fused conv for the call `optimized(*args)`."""
+    graph = install.graph_for(optimized, *args)
+    return graph is not None and any("conv_bn_act" in str(n.target) for n in graph.nodes)
+
+
 def _bn_names(report):
     return {m for site in report.fused for m in site.modules if "bn" in m or m.endswith((".1", "1"))}
 
@@ -90,6 +96,8 @@ def test_a_new_input_shape_traces_again_and_stays_exact():
     for shape in ((2, 3, 17, 15), (3, 3, 20, 21), (2, 3, 17, 15)):
         x = torch.randn(shape, dtype=torch.double)
         torch.testing.assert_close(optimized(x), model(x), rtol=1e-9, atol=1e-9)
+        # traced again for this shape and fused, not run as written (which would be exact too)
+        assert _fused_graph(optimized, x), shape
     assert_equivalent(model, optimized, torch.randn(3, 3, 20, 21), dtype=torch.float64)
 
 
@@ -106,7 +114,12 @@ def test_a_pickled_specialized_model_is_specialized_again():
     optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
     restored = pickle.loads(pickle.dumps(optimized))
     assert len(restored.fxfuse_report.fused) == len(optimized.fxfuse_report.fused)
+    # The report travels in __dict__ as it was: what the restored model runs is its graphs.
+    assert _fused_graph(restored, x)
     assert_equivalent(model, restored, x, dtype=torch.float64)
+    y = torch.randn(3, 3, 20, 21)
+    torch.testing.assert_close(restored(y), optimized(y), rtol=0, atol=0)
+    assert _fused_graph(restored, y)
 
 
 def test_hooks_of_the_model_never_see_the_meta_run():
@@ -127,3 +140,44 @@ def test_size_with_a_keyword_traces_symbolically_too():
     optimized = fxfuse.optimize(copy.deepcopy(model))
     assert optimized.fxfuse_report.fused and not optimized.fxfuse_report.notes
     assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+class ReadsOneShape(nn.Module):
+    """Conv→BN→ReLU, then Python computed from one kind of shape read: each kind alone must specialize the
+    graph (key it on the inputs' shapes), or another shape runs a graph that baked in the example's value."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.conv, self.bn = nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        if self.kind == "dim" and x.dim() == 3:  # an unbatched image
+            x = x.unsqueeze(0)
+        if self.kind == "ndim" and x.ndim == 3:
+            x = x.unsqueeze(0)
+        y = torch.relu(self.bn(self.conv(x)))
+        if self.kind == "shape" and y.shape[-1] % 2:  # odd width (the example's, not the other input's)
+            return y * 2
+        if self.kind == "size" and y.size(-1) % 2:
+            return y * 2
+        if self.kind == "size-dim" and y.size(dim=2) % 2:  # odd height
+            return y * 2
+        if self.kind == "len":
+            return y * len(y)
+        if self.kind == "iter":
+            return torch.stack([t * (i + 1) for i, t in enumerate(y)])
+        return y
+
+
+@pytest.mark.parametrize("kind", ["shape", "size", "size-dim", "len", "iter", "dim", "ndim"])
+def test_each_kind_of_shape_read_alone_specializes_the_graph(kind):
+    model, x = ReadsOneShape(kind).double(), torch.randn(2, 3, 9, 7, dtype=torch.double)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+    assert optimized.fxfuse_report.fused
+    other = torch.randn((3, 10, 12) if kind in ("dim", "ndim") else (3, 3, 10, 12), dtype=torch.double)
+    for mode in ("train", "eval"):
+        model.train(mode == "train"), optimized.train(mode == "train")
+        for y in (x, other, x):
+            torch.testing.assert_close(optimized(y), model(y), rtol=1e-9, atol=1e-9)
+            assert _fused_graph(optimized, y), (mode, tuple(y.shape))

@@ -198,6 +198,7 @@ class ShapeProxy(fx.Proxy):
 
     def dim(self):
         if self._concrete():
+            self.tracer.specialized = True  # `if x.dim() == 3: x = x.unsqueeze(0)`: the rank is baked in too
             return self.meta_value.dim()
         return self.tracer.create_proxy("call_method", "dim", (self,), {})
 
