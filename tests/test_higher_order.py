@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from support.reference import bn_act as bn_act_reference
 from support.reference import conv_bn_act as conv_bn_act_reference
+from support.root_statistics import RootStatistics
 from torch import nn
 
 import fxfuse
@@ -387,27 +388,6 @@ def _graphs(model):
     from fxfuse.fusion.install import _STATE
 
     return list(model.__dict__[_STATE].fx_graphs.values())
-
-
-class RootStatistics(nn.Module):
-    """A BatchNorm on the root's own parameter and running statistics, between convolutions."""
-
-    def __init__(self, c=4):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c)
-        self.conv2, self.conv3 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
-        self.bn3 = nn.BatchNorm2d(c)
-        self.register_buffer("running_mean", torch.zeros(c))
-        self.register_buffer("running_var", torch.ones(c))
-        self.weight = nn.Parameter(torch.rand(c) + 0.5)
-        self.fc = nn.Linear(c, 2)
-
-    def forward(self, x):
-        y = F.relu(self.bn1(self.conv1(x)))
-        y = self.conv2(y)
-        y = F.batch_norm(y, self.running_mean, self.running_var, self.weight, None, self.training, 0.1, 1e-5)
-        y = F.relu(self.bn3(self.conv3(F.relu(y))))
-        return self.fc(y.mean((2, 3)))
 
 
 @pytest.mark.parametrize(

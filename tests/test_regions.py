@@ -7,6 +7,7 @@ import importlib
 import pytest
 import torch
 import torchvision
+from support.root_statistics import RootStatistics
 from torch import nn
 
 import fxfuse
@@ -117,8 +118,8 @@ def test_segments_cut_a_group_where_its_links_are_not_flat():
 _CONVOLVING = ("aten::convolution", "fxfuse::bn_act_conv", "fxfuse::cat_bn_act_conv", "fxfuse::conv_bn_act")
 
 
-def _forward_convs(model, x) -> int:
-    """Convolution forwards run by one train step: aten's, and those inside fxfuse's ops that hold one."""
+def _convs_run(fn) -> int:
+    """Convolution forwards run by `fn()` (aten's and those inside fxfuse's ops that hold one)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -130,8 +131,13 @@ def _forward_convs(model, x) -> int:
             return func(*args, **(kwargs or {}))
 
     with Count():
-        measure.train_step(model, (x,))
+        fn()
     return Count.n
+
+
+def _forward_convs(model, x) -> int:
+    """Convolution forwards run by one train step: aten's, and those inside fxfuse's ops that hold one."""
+    return _convs_run(lambda: measure.train_step(model, (x,)))
 
 
 def test_a_flat_link_frees_the_same_bytes_and_runs_its_first_region_once_less():
@@ -176,23 +182,6 @@ def test_running_statistics_and_counters_are_updated_once_per_step():
     for (name, a), (_, b) in zip(eager.named_buffers(), fused.named_buffers()):
         assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), name
     assert int(fused.layer1[0].bn1.num_batches_tracked) == 2
-
-
-def _convs_run(fn) -> int:
-    """Convolution forwards run by `fn()` (aten's and those inside fxfuse's ops that hold one)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.name() in _CONVOLVING:
-                Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        fn()
-    return Count.n
 
 
 def test_without_grad_a_region_runs_its_forward_once():
@@ -530,32 +519,11 @@ def test_a_region_holding_a_leaf_that_changes_state_in_forward_is_refused():
         assert [float(optimized[i].inner.seen) for i in (1, 2, 3)] == [1.0, 1.0, 1.0]
 
 
-class _RootTensors(nn.Module):
-    """The root's own parameter and running statistics used between convolutions (a ViT's pos_embed, a
-    layer-scale gamma): a region around them reads the root's tensors, whose path is ""."""
-
-    def __init__(self, c=4):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c)
-        self.conv2, self.conv3 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
-        self.bn3 = nn.BatchNorm2d(c)
-        self.register_buffer("running_mean", torch.zeros(c))
-        self.register_buffer("running_var", torch.ones(c))
-        self.weight = nn.Parameter(torch.rand(c) + 0.5)
-        self.fc = nn.Linear(c, 2)
-
-    def forward(self, x):
-        y = self.conv2(torch.relu(self.bn1(self.conv1(x))))
-        y = nn.functional.batch_norm(y, self.running_mean, self.running_var, self.weight, None, self.training)
-        y = torch.relu(self.bn3(self.conv3(torch.relu(y))))
-        return self.fc(y.mean((2, 3)))
-
-
 def test_a_region_reading_the_roots_own_tensors_trains_as_eager():
     """Before, the recompute looked the root up as an attribute named "" (every step raised AttributeError);
     its running statistics must be swapped too, or each recompute updates them again."""
     torch.manual_seed(0)
-    model = _RootTensors().double()
+    model = RootStatistics().double()
     x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
     optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.2)
     calls = [n.target for n in _graph(optimized).nodes if isinstance(n.target, recompute.RegionCall)]
