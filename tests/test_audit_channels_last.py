@@ -151,6 +151,30 @@ def test_repeated_calls_are_grouped_with_a_count():
     assert finding.count == 3
 
 
+def test_the_same_op_at_two_sites_is_two_findings():
+    class TwoSites(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 1)
+            self.a, self.b = Lambda(lambda x: x.cumsum(1)), Lambda(lambda x: x.cumsum(1))
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.a(y) + self.b(y)
+
+    report = audit_channels_last(TwoSites(), torch.randn(2, 4, 8, 8), backward=False)
+    assert sorted((f.op, f.module, f.count) for f in report.findings) == [
+        ("aten.cumsum.default", "a", 1),
+        ("aten.cumsum.default", "b", 1),
+    ]
+
+
+def test_ops_run_only_by_torch_modules_have_no_user_line():
+    model = nn.Sequential(nn.Conv2d(4, 8, 1), nn.Softmax(dim=1))
+    [finding] = audit_channels_last(model, torch.randn(2, 4, 8, 8), backward=False).findings
+    assert (finding.op, finding.module, finding.location) == ("aten._softmax.default", "1", None)
+
+
 def test_views_that_reorder_dims_are_info_not_losses():
     # ConvNeXt's NHWC permute: output is NCHW-contiguous in (N, H, W, C) order, but nothing was copied.
     report = audit(lambda x: x.permute(0, 2, 3, 1), backward=False)

@@ -102,3 +102,31 @@ def test_untraceable_model_is_restored_submodule_by_submodule():
     assert type(restored) is Gate
     assert conversions(restored.block) == ["cumsum", "softmax"]
     assert forward_ops(restored, example) == ["aten._softmax.default", "aten.cumsum.default"]
+
+
+def test_views_that_reorder_dims_are_not_converted():
+    class NHWC(nn.Module):  # ConvNeXt-style permute: a view, nothing was copied
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(x).permute(0, 2, 3, 1) * 2
+
+    assert conversions(restore_channels_last(NHWC(), torch.randn(2, 4, 8, 8))) == []
+
+
+def test_conversion_that_changes_the_outputs_is_dropped():
+    class ReadsNCHWMemory(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x).cumsum(1)
+            return y.as_strided((y.shape[0], 8 * 8 * 8), (8 * 8 * 8, 1))  # assumes NCHW memory order
+
+    model, example = ReadsNCHWMemory(), torch.randn(2, 4, 8, 8)
+    restored = restore_channels_last(model, example)
+    assert conversions(restored) == []
+    torch.testing.assert_close(restored(example), model(example))

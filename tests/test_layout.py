@@ -79,6 +79,56 @@ def test_auto_keeps_the_layout_where_the_audit_finds_a_loss(monkeypatch):
     assert report.layout.startswith("as given (auto: channels_last would be lost at aten.clone")
 
 
+def test_auto_keeps_a_model_that_is_channels_last_already(monkeypatch):
+    # A 1x1 conv's (O, C, 1, 1) weight is both contiguous and channels_last: it must not hide the layout.
+    monkeypatch.setattr(layout, "_step_seconds", lambda model, inputs: pytest.fail("timed an already-CL model"))
+    model = nn.Sequential(cnn(), nn.Unflatten(1, (4, 1, 1)), nn.Conv2d(4, 4, 1)).to(memory_format=CL)
+    assert layout.decide(model, (torch.randn(2, 3, 8, 8),), "auto") == layout.LayoutDecision(
+        True, "auto: the model is channels_last already"
+    )
+
+
+def test_auto_keeps_the_layout_where_only_backward_loses_the_format(monkeypatch):
+    class Bicubic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            return nn.functional.interpolate(self.conv(x), scale_factor=2, mode="bicubic")
+
+    monkeypatch.setattr(layout, "_step_seconds", lambda model, inputs: pytest.fail("timed despite the loss"))
+    reason = layout.decide(Bicubic(), (torch.randn(2, 3, 8, 8),), "auto").reason
+    assert reason.startswith("auto: channels_last would be lost at aten.upsample_bicubic2d_backward")
+
+
+def test_step_seconds_times_each_layout_in_its_own_format(monkeypatch):
+    seen = []
+
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+
+        def forward(self, x):
+            seen.append(x.is_contiguous(memory_format=CL) and self.conv.weight.is_contiguous(memory_format=CL))
+            return self.conv(x)
+
+    def timed(fn):
+        fn()
+        return 3.0 if seen[-1] else 5.0  # channels_last "runs" faster
+
+    monkeypatch.setattr(layout.measure, "timed", timed)
+    assert layout._step_seconds(Probe(), (torch.randn(2, 3, 8, 8),)) == (5.0, 3.0)
+
+
+def test_to_channels_last_converts_only_4d_floating_tensors():
+    image, mask, flat = torch.randn(2, 3, 4, 4), torch.ones(2, 3, 4, 4, dtype=torch.int64), torch.randn(2, 3)
+    out = layout.to_channels_last((image, mask, flat, "tag"))
+    assert out[0].is_contiguous(memory_format=CL) and not out[0].is_contiguous()
+    assert out[1] is mask and out[2] is flat and out[3] == "tag"
+
+
 def test_auto_times_the_example_inputs_as_given_and_leaves_the_model_alone():
     """At batch 1 a layout's speed says little about training (ResNet-50: 1.02x at batch 1, 0.63x at
     batch 8), and a BatchNorm1d after pooling cannot even train on one sample: the timing runs the

@@ -45,10 +45,14 @@ def to_channels_last(args: Sequence[Any]) -> tuple:
 
 
 def is_channels_last(model: nn.Module) -> bool:
+    """Every Conv2d weight is channels_last, and at least one unambiguously so.
+
+    A 1x1 kernel (O, C, 1, 1) or a one-channel input (O, 1, kH, kW) makes a weight both
+    contiguous and channels_last: such weights say nothing about the layout either way.
+    """
     weights = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
-    return bool(weights) and all(
-        w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() for w in weights
-    )
+    telling = [w for w in weights if not w.is_contiguous()]
+    return bool(telling) and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
 
 
 def decide(model: nn.Module, inputs: Optional[tuple], memory_format: str) -> LayoutDecision:
