@@ -122,3 +122,35 @@ def test_eval_and_no_grad_are_eagers():
     optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
     with torch.no_grad():
         assert torch.equal(optimized(x), model(x))
+
+
+class Configured(Transition):
+    """The transition with a pool whose settings change the output: as a module, or F.avg_pool2d with keywords."""
+
+    def __init__(self, settings, functional):
+        super().__init__()
+        self.pool = nn.AvgPool2d(**settings)
+        self.settings, self.functional = settings, functional
+
+    def forward(self, x):
+        y = self.conv(F.relu(self.norm(x)))
+        y = F.avg_pool2d(y, **self.settings) if self.functional else self.pool(y)
+        return self.conv2(F.relu(self.norm2(y)))
+
+
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(kernel_size=3, stride=2, ceil_mode=True),  # 10 → 5 rows, not floor's 4
+        dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),  # border windows: fewer elements
+        dict(kernel_size=2, divisor_override=3),
+    ],
+    ids=["ceil_mode", "count_include_pad", "divisor_override"],
+)
+def test_pool_settings_are_kept(settings, functional):
+    model, x = Configured(settings, functional), _x()
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,), mode="memory")
+    assert "fxfuse::avg_pool2d" in _ops(optimized)
+    assert optimized(x).shape == model(x).shape
+    assert_equivalent(model, optimized, x, dtype=torch.float64)

@@ -111,3 +111,67 @@ def test_eval_and_no_grad_are_eagers():
     optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
     with torch.no_grad():
         assert torch.equal(optimized(x), model(x))
+
+
+class Configured(Stem):
+    """The stem with a pool whose settings change the output: as a module, or F.max_pool2d with keywords."""
+
+    def __init__(self, settings, functional):
+        super().__init__()
+        self.pool = nn.MaxPool2d(**settings)
+        self.settings, self.functional = settings, functional
+
+    def forward(self, x):
+        y = F.relu(self.bn(self.conv(x)))
+        y = F.max_pool2d(y, **self.settings) if self.functional else self.pool(y)
+        return F.relu(self.bn2(self.conv2(y)))
+
+
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(kernel_size=3, stride=2, ceil_mode=True),  # 12 → 6 rows, not floor's 5
+        dict(kernel_size=3, stride=1, padding=1, dilation=2),  # 12 → 10
+        dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 0)),
+    ],
+    ids=["ceil_mode", "dilation", "non-square"],
+)
+def test_pool_settings_are_kept(settings, functional):
+    model = Configured(settings, functional)
+    x = torch.randn(2, 3, 12, 12).contiguous(memory_format=torch.channels_last)
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,), mode="memory")
+    assert "fxfuse::max_pool2d" in _ops(optimized)
+    assert optimized(x).shape == model(x).shape
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_module_returning_indices_stays_eagers():
+    class Unpool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.pool, self.unpool = nn.MaxPool2d(2, return_indices=True), nn.MaxUnpool2d(2)
+
+        def forward(self, x):
+            y, idx = self.pool(F.gelu(self.conv(x)))
+            return self.unpool(y * 2, idx)
+
+    model, x = Unpool(), _x()
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,), mode="memory")
+    assert "fxfuse::max_pool2d" not in _ops(optimized)
+    assert any("return_indices" in s.reason for s in optimized.fxfuse_report.skipped if s.name == "pool")
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
+
+
+def test_input_read_elsewhere_frees_only_the_indices():
+    class Both(Stem):
+        def forward(self, x):
+            y = F.relu(self.bn(self.conv(x)))
+            return F.relu(self.bn2(self.conv2(self.pool(y)))).mean() + y.mean()
+
+    model, x = Both(), _x()
+    optimized = fxfuse.optimize(copy.deepcopy(model), (x,), mode="memory")
+    (site,) = [s for s in optimized.fxfuse_report.fused if s.op == "fxfuse::max_pool2d"]
+    assert site.saved_bytes == 2 * 8 * 6 * 6 * 7  # the pooled input has another reader: only the indices count
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
