@@ -44,3 +44,31 @@ def test_provenance_keeps_the_module_stack_the_source_line_and_the_keys_asked_fo
         "stack_trace": "line",
         "other": 2,
     }
+
+
+def _aliasing_graph() -> dict:
+    def f(x):
+        y = x.relu()
+        a, _ = y.chunk(2, 1)
+        v = a.data.t()
+        z = y * 2
+        return v + z.contiguous()
+
+    graph = fx.symbolic_trace(f).graph
+    return {n.name: n for n in graph.nodes}
+
+
+def test_aliasing_ops_lead_back_to_the_storage_they_share():
+    nodes = _aliasing_graph()
+    assert graphs.aliased(nodes["getitem"]) is nodes["chunk"]
+    assert graphs.aliased(nodes["getattr_1"]) is nodes["getitem"]  # .data
+    assert graphs.aliased(nodes["relu"]) is None and graphs.aliased(nodes["mul"]) is None
+    assert graphs.storage_root(nodes["t"]) is nodes["relu"]
+    assert graphs.storage_root(nodes["mul"]) is nodes["mul"]
+
+
+def test_a_storage_family_is_every_alias_reached_from_a_node():
+    nodes = _aliasing_graph()
+    family = {n.name for n in graphs.storage_family(nodes["relu"])}
+    assert family == {"relu", "chunk", "getitem", "getitem_1", "getattr_1", "t"}  # mul writes a new tensor
+    assert {n.name for n in graphs.storage_family(nodes["mul"])} == {"mul", "contiguous"}

@@ -1,10 +1,11 @@
 """Graph helpers every later step uses: a graph compiled into a function of the live module
 (tracing's result, the recompute regions, the model's own checkpoint regions), a copy of some
-of a graph's nodes as a graph of their own, and the metadata a node put in another's place keeps."""
+of a graph's nodes as a graph of their own, the metadata a node put in another's place keeps, and
+which nodes may share a tensor's storage."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch.fx as fx
 
@@ -54,3 +55,44 @@ def subgraph(
         env[node] = sub.node_copy(node, lookup)
     sub.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[o] for o in outputs))
     return sub, tuple(components)
+
+
+# Ops whose result may share its first argument's storage: views, and ops that may return their input
+# (`contiguous()`, `to()`, `reshape()`); `getattr` of ALIASING_ATTRIBUTES too (`.data` is the same storage
+# without autograd's version counter). A write into any of them is a write into the others.
+ALIASING_OPS = frozenset(
+    {"view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "transpose",
+     "permute", "t", "narrow", "select", "chunk", "split", "tensor_split", "split_with_sizes", "unbind", "expand",
+     "expand_as", "contiguous", "detach", "movedim", "moveaxis", "as_strided", "diagonal", "swapaxes", "swapdims",
+     "unfold", "to", "type", "type_as", "float", "double", "half", "bfloat16", "getitem", "real", "imag",
+     "view_as_real", "view_as_complex"}
+)  # fmt: skip
+ALIASING_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
+
+
+def aliased(node: fx.Node) -> Optional[fx.Node]:
+    """The node whose storage `node` may share (its first argument), where `node` is an aliasing op."""
+    if node.op not in ("call_method", "call_function") or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    if node.op == "call_function" and node.target is getattr:
+        return node.args[0] if len(node.args) == 2 and node.args[1] in ALIASING_ATTRIBUTES else None
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return node.args[0] if name in ALIASING_OPS else None
+
+
+def storage_root(node: fx.Node) -> fx.Node:
+    """The node at the start of `node`'s chain of aliasing ops."""
+    while (source := aliased(node)) is not None:
+        node = source
+    return node
+
+
+def storage_family(node: fx.Node) -> list[fx.Node]:
+    """`node` and every node that may share its storage through a chain of aliasing ops from it."""
+    found, todo = {node: None}, [node]
+    while todo:
+        for user in todo.pop().users:
+            if user not in found and aliased(user) in found:
+                found[user] = None
+                todo.append(user)
+    return list(found)

@@ -52,6 +52,7 @@ from torch.fx._symbolic_trace import _assert_is_none
 from .. import measure
 from ..errors import TracingError
 from . import user_checkpoint
+from .graphs import storage_family, storage_root
 from .hooks import describe_hooks, has_hooks
 from .known_modules import is_known_leaf
 from .state_guard import StateGuard
@@ -235,13 +236,13 @@ def _augmented(op: Callable[[Any, Any], Any]) -> Callable[[ShapeProxy, Any], Any
     return method
 
 
-for _name, _op in (
-    ("iadd", operator.add), ("isub", operator.sub), ("imul", operator.mul), ("itruediv", operator.truediv),
-    ("ifloordiv", operator.floordiv), ("imod", operator.mod), ("ipow", operator.pow), ("imatmul", operator.matmul),
-    ("iand", operator.and_), ("ior", operator.or_), ("ixor", operator.xor), ("ilshift", operator.lshift),
-    ("irshift", operator.rshift),
-):  # fmt: skip
-    setattr(ShapeProxy, f"__{_name}__", _augmented(_op))
+# `a op= b` by the operator module's name of `op`, and its symbol (for the refusal's message).
+_AUGMENTED = {
+    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**", "matmul": "@",
+    "and_": "&", "or_": "|", "xor": "^", "lshift": "<<", "rshift": ">>",
+}  # fmt: skip
+for _name in _AUGMENTED:
+    setattr(ShapeProxy, f"__i{_name.rstrip('_')}__", _augmented(getattr(operator, _name)))
 
 
 def meta_of(proxy: fx.Proxy) -> Any:
@@ -499,26 +500,6 @@ def _plain_forward(m: nn.Module):
     return m.forward
 
 
-# Ops whose result may share storage with their first argument (views, and ops that may return it).
-_VIEW_METHODS = frozenset(
-    {"view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "transpose",
-     "permute", "t", "narrow", "select", "chunk", "split", "tensor_split", "unbind", "expand", "expand_as",
-     "contiguous", "detach", "movedim", "moveaxis", "as_strided", "diagonal", "swapaxes", "swapdims", "unfold",
-     "to", "type_as", "float", "double", "half", "bfloat16", "getitem", "real", "imag", "view_as_real"}
-)  # fmt: skip
-_VIEW_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
-
-
-def _view_base(node: fx.Node) -> Optional[fx.Node]:
-    """The node whose storage `node` may share (its first argument), where `node` is a view-like op."""
-    if not node.args or not isinstance(node.args[0], fx.Node):
-        return None
-    if node.op == "call_function" and node.target is getattr:
-        return node.args[0] if len(node.args) == 2 and node.args[1] in _VIEW_ATTRIBUTES else None
-    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-    return node.args[0] if node.op in ("call_method", "call_function") and name in _VIEW_METHODS else None
-
-
 def _augmented_problem(graph: fx.Graph, augmented: list[tuple[fx.Node, fx.Node, str]]) -> str:
     """Why an `a op= b` of the trace would compute other values than eager's in-place op, or "".
 
@@ -531,31 +512,17 @@ def _augmented_problem(graph: fx.Graph, augmented: list[tuple[fx.Node, fx.Node, 
     for old, new, op in augmented:
         if old not in order or new not in order:
             continue
-        base = old
-        while _view_base(base) is not None:
-            base = _view_base(base)
-        family, todo = {base}, [base]
-        while todo:
-            for user in todo.pop().users:
-                if user not in family and _view_base(user) in family:
-                    family.add(user)
-                    todo.append(user)
-        read_later = any(order[u] > order[new] for member in family for u in member.users if u is not new)
+        base = storage_root(old)
+        read_later = any(order[u] > order[new] for member in storage_family(base) for u in member.users)
         if read_later or base.op == "placeholder":
             what = "the caller's input" if base.op == "placeholder" else f"'{base.name}'"
             return (
-                f"`{old.name} {_AUGMENTED_SYMBOLS.get(op, op)}= ...` writes into {what} in eager, which torch.fx "
+                f"`{old.name} {_AUGMENTED[op]}= ...` writes into {what} in eager, which torch.fx "
                 "records as a new tensor; the tensor is read again afterwards (an alias or a view of it), "
                 "so the traced graph would compute other values. Write `x = x + y` (a new tensor), or "
                 "`x.add_(y)` (an in-place op the trace records)"
             )
     return ""
-
-
-_AUGMENTED_SYMBOLS = {
-    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**", "matmul": "@",
-    "and_": "&", "or_": "|", "xor": "^", "lshift": "<<", "rshift": ">>",
-}  # fmt: skip
 
 
 _CHANGES_STATE = "its forward changes"

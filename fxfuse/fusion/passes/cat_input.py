@@ -33,6 +33,7 @@ from torch import nn
 
 from ... import ops
 from .. import runtime, user_checkpoint
+from ..graphs import storage_family
 from ..hooks import has_hooks
 from ..known_modules import is_conv2d_same
 from ..plan import SiteData, Skip
@@ -129,34 +130,6 @@ def _root(node: fx.Node) -> fx.Node:
     while (base := _base(node)) is not None:
         node = base
     return node
-
-
-# Ops whose output may share its first argument's storage (a view, or the tensor itself): a write
-# into that output is a write into the piece. Wider than _VIEWS: `contiguous()`, `to()`, `reshape()`
-# may return their input, and `.data` is the same storage without autograd's version counter.
-_ALIASES = _VIEWS | _VIEW_LISTS | frozenset(
-    {"getitem", "reshape", "flatten", "unflatten", "contiguous", "to", "type", "type_as", "float", "double", "half",
-     "bfloat16", "detach", "expand_as", "t", "movedim", "moveaxis", "select", "unfold", "as_strided", "diagonal",
-     "swapaxes", "swapdims", "view_as_real", "view_as_complex", "real", "imag"}
-)  # fmt: skip
-_ALIAS_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
-
-
-def _aliases(node: fx.Node) -> list[fx.Node]:
-    """`node` and every node that may share its storage through a chain of aliasing ops."""
-    found, todo = {node: None}, [node]
-    while todo:
-        for user in todo.pop().users:
-            if user in found or not user.args or user.args[0] not in found:
-                continue
-            if user.op == "call_function" and user.target is getattr:
-                alias = len(user.args) == 2 and user.args[1] in _ALIAS_ATTRIBUTES
-            else:
-                alias = _method(user) in _ALIASES
-            if alias:
-                found[user] = None
-                todo.append(user)
-    return list(found)
 
 
 def _writes_in_place(node: fx.Node, modules: dict) -> bool:
@@ -260,7 +233,7 @@ def run(ctx: PassContext) -> int:
         if problem is None and not user_checkpoint.one_region((node, consumer)):
             problem = user_checkpoint.CROSSES
         if problem is None and any(
-            _writes_in_place(u, ctx.modules) for p in pieces for a in {p, *_aliases(_root(p))} for u in a.users
+            _writes_in_place(u, ctx.modules) for p in pieces for a in {p, *storage_family(_root(p))} for u in a.users
         ):
             problem = "a piece is written in place later: backward must not read the pieces"
         if problem is not None:
