@@ -2,21 +2,44 @@
 
 This machine runs what it has, so the dying case is a child that kills itself with
 SIGILL, as an AVX-512 instruction does on an OS that has not enabled AVX-512.
+
+Every assertion holds on any x86 machine: the logic is tested with faked children, and the
+real machine only for consistency (what ATen picks under a capability is asked of ATen in a
+child, never assumed to be this process's own: an AVX2 VM whose CPUID reports AVX-512 runs
+AVX2 here and picks AVX512 under ATEN_CPU_CAPABILITY=avx512).
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 from support import cpu_probe
+
+PRINT_PICKED = "import torch\nprint(torch.backends.cpu.get_cpu_capability(), flush=True)\n"
 
 SIGILL_AFTER_PICKING = (
     "import os, signal, torch\n"
     "print(torch.backends.cpu.get_cpu_capability(), flush=True)\n"
     "os.kill(os.getpid(), signal.SIGILL)\n"
 )
+
+
+def aten_picks(capability: str) -> str:
+    """What ATen reports under ATEN_CPU_CAPABILITY=capability, asked of a child that runs no
+    vectorized op (so it cannot die of the capability)."""
+    out = subprocess.run(
+        [sys.executable, "-c", PRINT_PICKED],
+        env=cpu_probe.env_for(capability),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return out.stdout.strip()
 
 
 def test_default_runs():
@@ -37,7 +60,8 @@ def test_sigill_is_a_skip_with_the_reason():
     result = cpu_probe.probe("avx512", code=SIGILL_AFTER_PICKING)
     assert not result.runs
     assert result.signal == signal.SIGILL
-    assert result.picked == torch.backends.cpu.get_cpu_capability()
+    # What ATen reports under the variable, which need not be this process's capability.
+    assert result.picked == aten_picks("avx512")
     assert "ATEN_CPU_CAPABILITY=avx512" in result.reason and "SIGILL" in result.reason
     assert f"ATen picks {result.picked}" in result.reason
     flags = cpu_probe.cpuinfo_flags()
@@ -46,6 +70,17 @@ def test_sigill_is_a_skip_with_the_reason():
         for flag in cpu_probe.FLAGS["avx512"]:
             assert flag in result.reason
     assert result.reason.count(". ") == 0 and result.reason.endswith(".")  # one sentence
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_probe_reports_what_aten_picks(capability):
+    # Consistency on the real machine: a probe that runs, or one that dies after ATen said what it
+    # picks, reports what ATen picks under that capability (never more than was asked for).
+    result = cpu_probe.probed(capability)
+    assert result.picked == aten_picks(capability)
+    order = ["DEFAULT", "AVX2", "AVX512"]
+    if result.picked in order:
+        assert order.index(result.picked) <= order.index(capability.upper())
 
 
 def test_sigill_under_faulthandler_is_still_a_signal():
