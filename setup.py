@@ -78,6 +78,7 @@ def extension():
     # run time), so no -mavx2 here: the extension still loads on x86-64 CPUs without AVX2.
     cxx += ["-ffp-contract=off"]
     srcs = sources("*.cpp") + sources("generic/*.cpp") + sources("cpu/*.cpp") + sources("autocast/*.cpp")
+    srcs += sources("autograd/*.cpp")
     if CUDA.cuda:
         return CUDAExtension(
             "fxfuse._C",

@@ -131,7 +131,7 @@ def _ran_fxfuse(out):
         if node is None or node in seen:
             continue
         seen.add(node)
-        if "fxfuse" in type(node).__name__:
+        if "fxfuse" in node.name():  # Python kernels' GeneratedBackwardFor_fxfuse_*, C++ ones' fxfuse::*
             return True
         todo.extend(n for n, _ in node.next_functions)
     return False

@@ -139,7 +139,8 @@ def test_update_running_stats_in_cpp_and_in_python(dtype, momentum, monkeypatch)
     results = []
     # The CPU kernel, the op's device-generic form (ATen calls from C++), the same calls from Python.
     for native, generic in ((True, False), (True, True), (False, False)):
-        monkeypatch.setattr(module, "_native_update", lambda native=native: native)
+        op = torch.ops.fxfuse.update_running_stats_.default if native else None
+        monkeypatch.setattr(module, "_native_update", lambda op=op: op)
         updated = tuple(t.clone() for t in running)
         version = updated[0]._version, updated[1]._version
         with generic_path(generic):

@@ -19,7 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
+from ..ops.batch_norm_act import batch_norm_act_admitted
+from ..ops.bn_act_conv import bn_act_conv_admitted
 from ..ops.checks import apply_activation, conv_geometry, kernels_apply, layer_kernels_apply
+from ..ops.conv_bn_act import conv_bn_act_admitted
 from .known_modules import is_conv2d_same, is_norm_act, pad_same
 
 
@@ -46,6 +49,8 @@ def _bn_tensors(bn: nn.BatchNorm2d):
 def _conv_input(x: Tensor, conv: nn.Conv2d) -> tuple[Tensor, Any]:
     """(input, padding) of the F.conv2d call `conv(x)` makes: Conv2dSame pads "same" from the input size,
     padding modes other than zeros pad first; both then convolve without padding."""
+    if type(conv) is nn.Conv2d and conv.padding_mode == "zeros":  # the common case, asked without calls
+        return x, conv.padding
     if is_conv2d_same(conv):
         return pad_same(x, conv), (0, 0)
     if conv.padding_mode != "zeros":
@@ -65,16 +70,17 @@ def conv_bn_act_module(
     """`act(bn(conv(x)))`, keeping only `x` for backward (or `pieces`: `x` is `torch.cat(pieces, 1)`,
     passes/cat_input.py)."""
     if not (
-        layer_kernels_apply(x, (conv.weight, conv.bias), _bn_tensors(bn))
+        layer_kernels_apply(x, (conv.weight, conv.bias), (bn.weight, bn.bias, bn.running_mean, bn.running_var))
         and x.shape[1] == conv.in_channels
         and bn.num_features == conv.out_channels
     ):
         return _eager_bn_act(conv(x), bn, act, act_param)
     given = x
-    x, padding = _conv_input(x, conv)
-    return conv2d_bn_module_act(
-        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, bn, act, act_param,
-        pieces=pieces if x is given else None,
+    x, padding = _conv_input(x, conv)  # padding keeps the dtype, device and rank the check above admitted
+    running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
+    return conv_bn_act_admitted(
+        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, running_mean, running_var,
+        bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param, pieces if x is given else None,
     )  # fmt: skip
 
 
@@ -88,9 +94,9 @@ def conv2d_bn_module_act(
     if not (layer_kernels_apply(input, (weight, bias), _bn_tensors(bn)) and bn.num_features == weight.shape[0]):
         return _eager_bn_act(F.conv2d(input, weight, bias, stride, padding, dilation, groups), bn, act, act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
-    return ops.conv_bn_act(
+    return conv_bn_act_admitted(
         input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn.weight, bn.bias,
-        batch_stats, momentum, bn.eps, act, act_param, pieces=pieces,
+        batch_stats, momentum, bn.eps, act, act_param, pieces,
     )  # fmt: skip
 
 
@@ -229,13 +235,23 @@ def bn_act_module(
 ) -> Tensor:
     """`act(bn(x))`, keeping only `x` (or `pieces`) and the statistics for backward; with `rebuild`, the ops
     that keep its output keep those instead (ops/rebuild.py, passes/rebuild.py)."""
-    if not (kernels_apply(x, _bn_tensors(bn)) and x.shape[1] == bn.num_features):
+    if not (kernels_apply(x, (bn.weight, bn.bias, bn.running_mean, bn.running_var)) and x.shape[1] == bn.num_features):
         return _eager_bn_act(x, bn, act, act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
-    return ops.batch_norm_act(
-        x, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
-        pieces=pieces, rebuildable=rebuild,
-    )  # fmt: skip
+    return batch_norm_act_admitted(
+        x,
+        running_mean,
+        running_var,
+        bn.weight,
+        bn.bias,
+        batch_stats,
+        momentum,
+        bn.eps,
+        act,
+        act_param,
+        pieces,
+        rebuild,
+    )
 
 
 def bn_act_conv_module(
@@ -254,37 +270,33 @@ def bn_act_conv_module(
     (passes/bn_act_conv.py). Calls the fused op cannot serve
     exactly run the sites it merges, each as it would run alone."""
     params = _bn_tensors(out_bn) if out_bn is not None else ()
-    if not (
-        kernels_apply(y, _bn_tensors(bn))
+    geometry = None
+    if (
+        kernels_apply(y, (bn.weight, bn.bias, bn.running_mean, bn.running_var))
         and y.shape[1] == bn.num_features == conv.in_channels
         and layer_kernels_apply(y, (conv.weight, conv.bias), params)
         and (out_bn is None or out_bn.num_features == conv.out_channels)
-        and conv_geometry(y, conv.weight, conv.stride, conv.padding, conv.dilation) is not None
     ):
+        geometry = conv_geometry(y, conv.weight, conv.stride, conv.padding, conv.dilation)
+    if geometry is None:
         x = bn_act_module(y, bn, act, act_param, pieces)
         return conv(x) if out_bn is None else conv_bn_act_module(x, conv, out_bn, out_act, out_act_param)
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
     if batch_stats:
         # Eager's first BN raises on a batch of one value per channel before the second BN counts its batch.
         F._verify_batch_size(y.size())
-    second = {}
-    if out_bn is not None:
-        out_mean, out_var, out_batch_stats, out_momentum = bn_call_config(out_bn)
-        second = dict(
-            epilogue=True,
-            running_mean=out_mean,
-            running_var=out_var,
-            bn_weight=out_bn.weight,
-            bn_bias=out_bn.bias,
-            training=out_batch_stats,
-            momentum=out_momentum,
-            eps=out_bn.eps,
-            act=out_act,
-            act_param=out_act_param,
-        )
-    return ops.bn_act_conv(
+    if out_bn is None:
+        return bn_act_conv_admitted(
+            y, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
+            conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, False, None, None, None,
+            None, False, 0.1, 1e-5, "none", 0.0, pieces, geometry,
+        )  # fmt: skip
+    out_mean, out_var, out_batch_stats, out_momentum = bn_call_config(out_bn)
+    return bn_act_conv_admitted(
         y, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
-        conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, **second, pieces=pieces,
+        conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, True, out_mean, out_var,
+        out_bn.weight, out_bn.bias, out_batch_stats, out_momentum, out_bn.eps, out_act, out_act_param, pieces,
+        geometry,
     )  # fmt: skip
 
 

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled, rebuild
-from .autograd_kernel import register_autograd
 from .checks import apply_activation, autocast_on, check_act, fused_call, kernels_apply, stats_like
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
@@ -41,10 +40,15 @@ def update_running_stats(
     calls below run."""
     if running_mean.is_meta:  # no values to update (the budget's meta-device counts): ten ops saved per BN
         return
+    native = None if torch.compiler.is_compiling() else _native_update()
+    if native is not None:
+        if mean.requires_grad or unbiased_var.requires_grad:  # the cat_ ops' statistics: no history
+            with torch.no_grad():
+                native(running_mean, running_var, mean, unbiased_var, momentum)
+        else:  # the C++ ops' statistics are non-differentiable outputs
+            native(running_mean, running_var, mean, unbiased_var, momentum)
+        return
     with torch.no_grad():  # the batch's statistics may require grad: the running ones get no history
-        if _native_update() and not torch.compiler.is_compiling():
-            torch.ops.fxfuse.update_running_stats_(running_mean, running_var, mean, unbiased_var, momentum)
-            return
         if running_mean.dtype == torch.float16:  # eager: the update in double, one rounding to half
             running_mean.copy_(momentum * mean.double() + (1 - momentum) * running_mean.double())
             running_var.copy_(momentum * unbiased_var.double() + (1 - momentum) * running_var.double())
@@ -56,8 +60,11 @@ def update_running_stats(
 
 
 @functools.cache
-def _native_update() -> bool:
-    return hasattr(torch.ops.fxfuse, "update_running_stats_")
+def _native_update():
+    """fxfuse::update_running_stats_ (its overload: no overload resolution per call), or None without fxfuse._C.
+    Not asked while dynamo traces (it would warn of the cache)."""
+    native = hasattr(torch.ops.fxfuse, "update_running_stats_")
+    return torch.ops.fxfuse.update_running_stats_.default if native else None
 
 
 def normalize_act(
@@ -106,21 +113,60 @@ def batch_norm_act(
     `rebuildable`: inside a `rebuild.Scope`, an op that keeps the output for backward keeps `input`
     and the statistics instead (ops/rebuild.py)."""
     check_act(act)
-    count = input.numel() // input.shape[1] if input.dim() >= 2 and input.shape[1] else 0
+    if not kernels_apply(input, (running_mean, running_var, weight, bias)):
+        return normalize_act_eager(
+            input, running_mean, running_var, weight, bias, training, momentum, eps, act, act_param
+        )
+    return batch_norm_act_admitted(
+        input, running_mean, running_var, weight, bias, training, momentum, eps, act, act_param, pieces, rebuildable
+    )
+
+
+def normalize_act_eager(input, running_mean, running_var, weight, bias, training, momentum, eps, act, act_param):
+    """What eager runs (and raises): `act(F.batch_norm(...))`."""
+    out = F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    return apply_activation(out, act, act_param)
+
+
+def batch_norm_act_admitted(
+    input: Tensor,
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+    act: str,
+    act_param: float,
+    pieces: Optional[Sequence[Tensor]] = None,
+    rebuildable: bool = False,
+) -> Tensor:
+    """`batch_norm_act` for a call `kernels_apply` admits and a checked `act`: the checks that are
+    left, then the op. Rewritten graphs' runtime calls it after their own `kernels_apply`, so that a
+    call pays for each check once."""
+    shape = (input.shape[1],)
+    numel = input.numel()
     if not (
-        kernels_apply(input, (running_mean, running_var, weight, bias))
-        and all(t is None or t.shape == (input.shape[1],) for t in (running_mean, running_var, weight, bias))
+        (running_mean is None or running_mean.shape == shape)
+        and (running_var is None or running_var.shape == shape)
+        and (weight is None or weight.shape == shape)
+        and (bias is None or bias.shape == shape)
         and (training or running_mean is not None)
-        and batch_ok(count, training)
-        and input.numel() > 0
+        and numel > 0
+        and not (training and numel // shape[0] <= 1)  # batch_ok: eager raises its error
     ):
-        out = F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
-        return apply_activation(out, act, act_param)
-    if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
+        return normalize_act_eager(
+            input, running_mean, running_var, weight, bias, training, momentum, eps, act, act_param
+        )
+    if compiled.enabled and compiled.applies(input):  # under torch.compile: a composition (ops/compiled.py)
         return compiled.compiled_batch_norm_act(
             input, running_mean, running_var, weight, bias, training, momentum, eps, act, act_param
         )
-    op, head = fused_call("batch_norm_act", input, pieces)
+    if pieces:
+        op, head = fused_call("batch_norm_act", input, pieces)
+    else:
+        op, head = _op(), (input,)
     out, mean, var, unbiased_var = op(
         *head, weight, bias, running_mean, running_var, training, eps, act, float(act_param)
     )
@@ -137,6 +183,11 @@ def batch_norm_act(
             mean, var = mean.clone(), var.clone()
         rebuild.register(out, _bn_act, (input, mean, var, weight, bias), (eps, act, float(act_param)))
     return out
+
+
+def _op():
+    """fxfuse::batch_norm_act's overload: no overload resolution per call."""
+    return torch.ops.fxfuse.batch_norm_act.default
 
 
 def _keeps_input(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> bool:
@@ -189,12 +240,6 @@ def _batch_norm_act_fake(input, weight, bias, running_mean, running_var, batch_s
 # --------------------------------------------------------------------------- autograd
 
 
-def _bn_act_setup(ctx, inputs, output):
-    input, mean, var, weight, bias, eps, act, act_param = inputs
-    ctx.save_for_backward(input, mean, var, weight, bias)
-    ctx.config = (False, eps, act, act_param)  # normalized by the given statistics
-
-
 def _batch_norm_act_setup(ctx, inputs, output):
     input, weight, bias, running_mean, running_var, batch_stats, eps, act, act_param = inputs
     _, mean, var, _ = output
@@ -206,7 +251,7 @@ def _batch_norm_act_setup(ctx, inputs, output):
 
 def _gradients(ctx, grad_out, positions: tuple, count: int):
     """Gradients of input, weight and bias (at `positions` of the op's `count` arguments) of what
-    either setup above saved."""
+    the setup above saved."""
     input, mean, var, weight, bias = ctx.saved_tensors
     batch_stats, eps, act, act_param = ctx.config
     mask = needed(ctx, positions)
@@ -224,11 +269,6 @@ def _gradients(ctx, grad_out, positions: tuple, count: int):
     return gradients_at(positions, grads, count)
 
 
-def _bn_act_bwd(ctx, grad_out):
-    # Statistics are treated as constants here; batch_norm_act differentiates through them.
-    return _gradients(ctx, grad_out, (0, 3, 4), 8)
-
-
 def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
     return _gradients(ctx, grad_out, (0, 1, 2), 9)
 
@@ -238,7 +278,9 @@ def _update_running_stats_fake(running_mean, running_var, mean, unbiased_var, mo
 
 
 def register() -> None:
-    """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
+    """Fake kernels of this module's ops and bn_act's autograd (fxfuse._C defines the ops and batch_norm_act's
+    Autograd kernel, csrc/autograd/batch_norm_act.cpp; `_batch_norm_act_setup` / `_batch_norm_act_bwd` here are
+    cat_batch_norm_act's: ops/cat_input.py)."""
     for name, fake in (
         ("bn_stats", _bn_stats_fake),
         ("bn_act", _bn_act_fake),
@@ -250,5 +292,3 @@ def register() -> None:
         ("update_running_stats_", _update_running_stats_fake),
     ):
         torch.library.register_fake(f"fxfuse::{name}", fake)
-    register_autograd("fxfuse::bn_act", _bn_act_bwd, setup_context=_bn_act_setup)
-    register_autograd("fxfuse::batch_norm_act", _batch_norm_act_bwd, setup_context=_batch_norm_act_setup)

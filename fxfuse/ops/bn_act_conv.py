@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .autograd_kernel import register_autograd
-from .batch_norm_act import batch_norm_act, batch_ok, normalize_act, update_running_stats
+from .batch_norm_act import batch_norm_act, normalize_act, update_running_stats
 from .checks import (
     _AUTOCAST_CASTS,
     AUTOCAST_DEVICES,
@@ -103,15 +102,80 @@ def bn_act_conv(
     in_params = (in_running_mean, in_running_var, in_weight, in_bias)
     bn_params = (running_mean, running_var, bn_weight, bn_bias) if epilogue else ()
     geometry = _geometry(input, in_params, weight, bias, stride, padding, dilation, groups, bn_params)
+    return _run(
+        geometry, input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps,
+        in_act, in_act_param, weight, bias, stride, padding, dilation, groups, epilogue, running_mean, running_var,
+        bn_weight, bn_bias, training, momentum, eps, act, act_param, pieces,
+    )  # fmt: skip
+
+
+def bn_act_conv_admitted(
+    input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps, in_act,
+    in_act_param, weight, bias, stride, padding, dilation, groups, epilogue, running_mean, running_var, bn_weight,
+    bn_bias, training, momentum, eps, act, act_param, pieces=None, geometry=None,
+) -> Tensor:  # fmt: skip
+    """`bn_act_conv` for a call its caller already checked as rewritten graphs' runtime does
+    (fusion/runtime.py: `kernels_apply` for the first BN, `layer_kernels_apply` for the conv and the
+    second BN, matching channels, a conv geometry) with checked activations: the checks left, then
+    the op. `geometry`: the caller's `conv_geometry` of this call, if it has it. Under autocast the
+    conv's operands are cast as `bn_act_conv` casts them."""
+    device = input.device.type
+    if device != "meta" and torch.is_autocast_enabled(device):
+        return bn_act_conv(
+            input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps, in_act,
+            in_act_param, weight, bias, stride, padding, dilation, groups, epilogue=epilogue,
+            running_mean=running_mean, running_var=running_var, bn_weight=bn_weight, bn_bias=bn_bias,
+            training=training, momentum=momentum, eps=eps, act=act, act_param=act_param, pieces=pieces,
+        )  # fmt: skip
+    channels = (input.shape[1],)
+    out_channels = (weight.shape[0],)
+    if not (
+        weight.dim() == 4
+        and type(groups) is int
+        and groups > 0
+        and channels[0] == weight.shape[1] * groups
+        and (in_running_mean is None or in_running_mean.shape == channels)
+        and (in_running_var is None or in_running_var.shape == channels)
+        and (in_weight is None or in_weight.shape == channels)
+        and (in_bias is None or in_bias.shape == channels)
+        and (bias is None or bias.shape == out_channels)
+        and (
+            not epilogue
+            or (
+                (running_mean is None or running_mean.shape == out_channels)
+                and (running_var is None or running_var.shape == out_channels)
+                and (bn_weight is None or bn_weight.shape == out_channels)
+                and (bn_bias is None or bn_bias.shape == out_channels)
+            )
+        )
+        and not isinstance(padding, str)  # "same" may pad the conv input unevenly: see _geometry
+    ):
+        geometry = None
+    elif geometry is None:
+        geometry = conv_geometry(input, weight, stride, padding, dilation)
+    return _run(
+        geometry, input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps,
+        in_act, in_act_param, weight, bias, stride, padding, dilation, groups, epilogue, running_mean, running_var,
+        bn_weight, bn_bias, training, momentum, eps, act, act_param, pieces,
+    )  # fmt: skip
+
+
+def _run(
+    geometry, input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps, in_act,
+    in_act_param, weight, bias, stride, padding, dilation, groups, epilogue, running_mean, running_var, bn_weight,
+    bn_bias, training, momentum, eps, act, act_param, pieces,
+) -> Tensor:  # fmt: skip
+    """The op where `geometry` (conv_geometry's, or None) and the batch sizes allow it, else the
+    ops it merges, each as it runs alone."""
     in_count = input.numel() // input.shape[1] if geometry else 0
     count = input.shape[0] * geometry[4][0] * geometry[4][1] if geometry else 0
     if (
         geometry is None
         or not (in_training or in_running_mean is not None)
         or (epilogue and not training and running_mean is None)
-        or not batch_ok(in_count, in_training)
-        or (epilogue and not batch_ok(count, training))
-        or compiled.composing()
+        or (in_training and in_count <= 1)  # batch_ok: eager raises its error
+        or (epilogue and training and count <= 1)
+        or (compiled.enabled and compiled.composing())
     ):
         x = batch_norm_act(
             input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps,
@@ -124,7 +188,10 @@ def bn_act_conv(
             training, momentum, eps, act, act_param,
         )  # fmt: skip
     _, stride, padding, dilation, _ = geometry
-    op, head = fused_call("bn_act_conv", input, pieces)
+    if pieces:
+        op, head = fused_call("bn_act_conv", input, pieces)
+    else:
+        op, head = _op(), (input,)
     out, in_mean, _, in_unbiased_var, mean, _, unbiased_var = op(
         *head, in_weight, in_bias, in_running_mean, in_running_var, in_training, in_eps, in_act,
         float(in_act_param), weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias,
@@ -135,6 +202,11 @@ def bn_act_conv(
     if epilogue and training and running_mean is not None and running_var is not None:
         update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)
     return out
+
+
+def _op():
+    """fxfuse::bn_act_conv's overload: no overload resolution per call."""
+    return torch.ops.fxfuse.bn_act_conv.default
 
 
 def _autocast_conv_operands(input: Tensor, weight, bias) -> Optional[tuple]:
@@ -212,7 +284,8 @@ def _bn_act_conv_backward_fake(
     )
 
 
-# --------------------------------------------------------------------------- autograd
+# --------------------------------------------------------------------------- cat_bn_act_conv's autograd
+# (ops/cat_input.py); bn_act_conv's own is csrc/autograd/bn_act_conv.cpp, the same formula in C++.
 
 # Positions in the op's arguments of the tensors bn_act_conv_backward returns gradients for:
 # input, in_weight, in_bias, weight, bias, bn_weight, bn_bias.
@@ -261,7 +334,8 @@ def _backward(ctx, grad_out, *_grad_stats):
 
 
 def register() -> None:
-    """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops; FLOPs: ops/flops.py)."""
+    """Fake kernels of this module's ops (fxfuse._C defines the ops and bn_act_conv's Autograd kernel,
+    csrc/autograd/bn_act_conv.cpp; `_setup` / `_backward` here are cat_bn_act_conv's: ops/cat_input.py; FLOPs:
+    ops/flops.py)."""
     torch.library.register_fake("fxfuse::bn_act_conv", _bn_act_conv_fake)
     torch.library.register_fake("fxfuse::bn_act_conv_backward", _bn_act_conv_backward_fake)
-    register_autograd("fxfuse::bn_act_conv", _backward, setup_context=_setup)

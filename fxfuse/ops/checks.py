@@ -14,13 +14,14 @@ from numbers import Integral
 from typing import Optional, Sequence, Union
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import has_torch_function
 
 from .. import _extension
 from .activations import ACTIVATIONS, REGISTRY
-from .higher_order import transformed
+from .higher_order import _functorch_active, transformed
 
 IntPair = Union[int, Sequence[int]]
 
@@ -50,7 +51,7 @@ def int_pair(v) -> Optional[list[int]]:
     """v as [int, int] if it is an int or a pair of ints, else None."""
     if type(v) is int:
         return [v, v]
-    if isinstance(v, (tuple, list)) and len(v) == 2 and all(type(e) is int for e in v):
+    if isinstance(v, (tuple, list)) and len(v) == 2 and type(v[0]) is int and type(v[1]) is int:
         return list(v)
     return None
 
@@ -84,11 +85,15 @@ def conv_geometry(input: Tensor, weight: Tensor, stride, padding, dilation):
         padding = int_pair(padding)
         if padding is None or min(padding) < 0:
             return None
+    if input.dim() != 4 or weight.dim() != 4:
+        return None
+    _, _, h, w = input.shape
+    kh, kw = weight.shape[2:]
     out_hw = [
-        (size + 2 * p - d * (k - 1) - 1) // s + 1
-        for size, p, d, k, s in zip(input.shape[2:], padding, dilation, weight.shape[2:], stride)
+        (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1,
+        (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1,
     ]
-    if min(out_hw) <= 0:
+    if out_hw[0] <= 0 or out_hw[1] <= 0:
         return None
     return input, stride, padding, dilation, out_hw
 
@@ -196,24 +201,29 @@ def layer_dtype(input: Tensor, params: Sequence[Optional[Tensor]]) -> Optional[t
 def bn_params_apply(dtype: torch.dtype, device: torch.device, params: Sequence[Optional[Tensor]]) -> bool:
     """Whether BatchNorm parameters / running statistics go with an input of `dtype`:
     all of one dtype, the input's or (half / bfloat16 input, as under autocast) float32,
-    the combinations eager's batch_norm accepts."""
-    given = [t for t in params if t is not None]
-    if any(t.device != device for t in given):
-        return False
-    dtypes = {t.dtype for t in given}
-    return not dtypes or dtypes == {dtype} or (dtype in _REDUCED and dtypes == {torch.float32})
+    the combinations eager's batch_norm accepts. One loop: every fused BN call asks."""
+    seen = None
+    for t in params:
+        if t is None:
+            continue
+        if t.device != device or (seen is not None and t.dtype != seen):
+            return False
+        seen = t.dtype
+    return seen is None or seen == dtype or (seen == torch.float32 and dtype in _REDUCED)
 
 
 def _input_ok(input: Tensor) -> bool:
+    # Every fused call asks this (with transformed() and the extension check inlined): no helper calls.
     return (
-        _extension.loaded()
-        and not transformed()
+        _extension._C is not None
         and input.dim() == 4
         and input.is_floating_point()
         and not input.is_complex()
         and not input.is_sparse
         and not input.is_quantized
         and input.layout == torch.strided
+        and forward_ad._current_level < 0
+        and not _functorch_active()
     )
 
 
@@ -223,9 +233,10 @@ def kernels_apply(input: Tensor, bn_params: Sequence[Optional[Tensor]]) -> bool:
     so autocast changes nothing here (on the devices fxfuse knows)."""
     if not _input_ok(input):
         return False
-    if autocast_on(input.device.type) and input.device.type not in AUTOCAST_DEVICES:
+    device = input.device
+    if device.type != "meta" and torch.is_autocast_enabled(device.type) and device.type not in AUTOCAST_DEVICES:
         return False
-    return bn_params_apply(input.dtype, input.device, bn_params)
+    return bn_params_apply(input.dtype, device, bn_params)
 
 
 def layer_kernels_apply(
@@ -235,8 +246,14 @@ def layer_kernels_apply(
     autocast included (else run eager)."""
     if not _input_ok(input):
         return False
+    device = input.device
+    if device.type == "meta" or not torch.is_autocast_enabled(device.type):
+        for t in layer_params:
+            if t is not None and (t.dtype != input.dtype or t.device != device):
+                return False
+        return bn_params_apply(input.dtype, device, bn_params)
     dtype = layer_dtype(input, layer_params)
-    return dtype is not None and bn_params_apply(dtype, input.device, bn_params)
+    return dtype is not None and bn_params_apply(dtype, device, bn_params)
 
 
 def fusable_conv_geometry(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, groups):

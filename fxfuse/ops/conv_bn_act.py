@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .autograd_kernel import register_autograd
 from .batch_norm_act import batch_ok, normalize_act, update_running_stats
 from .checks import (
     IntPair,
@@ -65,29 +64,60 @@ def conv_bn_act(
     `pieces`: `input` is `torch.cat(pieces, 1)`; the pieces are kept instead (ops/cat_input.py).
     """
     check_act(act)
+    if not layer_kernels_apply(input, (weight, bias), (running_mean, running_var, bn_weight, bn_bias)):
+        return _eager(
+            input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight, bn_bias,
+            training, momentum, eps, act, act_param,
+        )  # fmt: skip
+    return conv_bn_act_admitted(
+        input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight, bn_bias,
+        training, momentum, eps, act, act_param, pieces,
+    )  # fmt: skip
+
+
+def _eager(
+    input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight, bn_bias, training,
+    momentum, eps, act, act_param,
+) -> Tensor:  # fmt: skip
+    y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    y = F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+    return apply_activation(y, act, act_param)
+
+
+def conv_bn_act_admitted(
+    input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntPair, padding: Union[IntPair, str],
+    dilation: IntPair, groups: int, running_mean: Optional[Tensor], running_var: Optional[Tensor],
+    bn_weight: Optional[Tensor], bn_bias: Optional[Tensor], training: bool, momentum: float, eps: float, act: str,
+    act_param: float, pieces: Optional[Sequence[Tensor]] = None,
+) -> Tensor:  # fmt: skip
+    """`conv_bn_act` for a call `layer_kernels_apply` admits and a checked `act`: the checks that are
+    left, then the op. Rewritten graphs' runtime calls it after its own `layer_kernels_apply`."""
     given = input
     bn_params = (running_mean, running_var, bn_weight, bn_bias)
     geometry = None
     if (
-        layer_kernels_apply(input, (weight, bias), bn_params)
-        and weight.dim() == 4
+        weight.dim() == 4
         and input.shape[1] == weight.shape[1] * groups
-        and all(t is None or t.shape == (weight.shape[0],) for t in bn_params)
+        and _per_channel(bn_params, (weight.shape[0],))
         and (training or running_mean is not None)
     ):
         geometry = conv_geometry(input, weight, stride, padding, dilation)
     count = input.shape[0] * geometry[4][0] * geometry[4][1] if geometry else 0
     if geometry is None or not batch_ok(count, training):
-        y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
-        y = F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
-        return apply_activation(y, act, act_param)
+        return _eager(
+            input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight, bn_bias,
+            training, momentum, eps, act, act_param,
+        )  # fmt: skip
     input, stride, padding, dilation, _ = geometry
-    if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
+    if compiled.enabled and compiled.applies(input):  # under torch.compile: a composition (ops/compiled.py)
         return compiled.compiled_conv_bn_act(
             input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight, bn_bias,
             training, momentum, eps, act, act_param,
         )  # fmt: skip
-    op, head = fused_call("conv_bn_act", input, pieces, given)
+    if pieces:
+        op, head = fused_call("conv_bn_act", input, pieces, given)
+    else:
+        op, head = _op(), (input,)
     out, mean, _, unbiased_var = op(
         *head, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, running_mean, running_var,
         training, eps, act, float(act_param),
@@ -95,6 +125,18 @@ def conv_bn_act(
     if training and running_mean is not None and running_var is not None:
         update_running_stats(running_mean, running_var, mean, unbiased_var, momentum)
     return out
+
+
+def _per_channel(tensors, shape) -> bool:
+    for t in tensors:
+        if t is not None and t.shape != shape:
+            return False
+    return True
+
+
+def _op():
+    """fxfuse::conv_bn_act's overload: no overload resolution per call."""
+    return torch.ops.fxfuse.conv_bn_act.default
 
 
 def _conv_bn_act_fake(
@@ -156,7 +198,7 @@ def _backward(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
 
 
 def register() -> None:
-    """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
+    """Fake kernels of this module's ops (fxfuse._C defines the ops and conv_bn_act's Autograd kernel,
+    csrc/autograd/conv_bn_act.cpp; `_setup` / `_backward` here are cat_conv_bn_act's: ops/cat_input.py)."""
     torch.library.register_fake("fxfuse::conv_bn_act", _conv_bn_act_fake)
     torch.library.register_fake("fxfuse::conv_bn_act_backward", _conv_bn_act_backward_fake)
-    register_autograd("fxfuse::conv_bn_act", _backward, setup_context=_setup)

@@ -1,0 +1,183 @@
+"""Host cost: what fxfuse's calls cost the CPU beyond their kernels, against eager's layers.
+
+    python benchmarks/host_cost.py [--sites] [--steps] [--rounds 7] [--calls 200]
+
+On a GPU the step waits on the host when a fused call costs more Python and dispatch than the
+eager layers it replaces (docs/gpu_results.md). Here the tensors are tiny, one thread, so kernels
+cost next to nothing and what is timed is the path to them:
+
+* sites: each op family's fused call (the runtime function a rewritten graph calls, with the
+  user's modules) against the eager layers it replaces, forward + backward, µs a call;
+* steps: a train step (forward, loss, backward) of ResNet-50, EfficientNet-B0, MobileNetV2 at
+  2×3×16×16 and a plain CNN of Conv-BN-ReLU blocks, NCHW: eager against fxfuse `fast`, `memory`
+  and `memory_budget=0.5`, all built in this process and timed interleaved.
+
+Ratios are medians over interleaved rounds (each round times every variant once), to eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from tabulate import tabulate
+from torch import nn
+
+import fxfuse
+from fxfuse.fusion import runtime
+
+
+def _per_call(fn: Callable[[], None], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _rounds(variants: dict[str, Callable[[], None]], calls: int, rounds: int) -> dict[str, float]:
+    for fn in variants.values():  # warm up: first calls build caches, graphs and autograd nodes
+        for _ in range(3):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            times[name].append(_per_call(fn, calls))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _train(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], None]:
+    def step():
+        fn(x).sum().backward()
+
+    return step
+
+
+def site_variants() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
+    """Each family: (eager layers, fxfuse's runtime call), forward + backward on tiny tensors."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 4, 4, requires_grad=True)
+    conv, bn, conv2, bn2 = (
+        nn.Conv2d(8, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.Conv2d(8, 8, 1),
+        nn.BatchNorm2d(8),
+    )
+    lin_x = torch.randn(2, 4, 16, requires_grad=True)
+    lin, lin2, norm = nn.Linear(16, 16), nn.Linear(16, 16), nn.LayerNorm(16)
+    families = {
+        "conv_bn_act (conv→BN→ReLU)": (
+            lambda t: F.relu(bn(conv(t))),
+            lambda t: runtime.conv_bn_act_module(t, conv, bn, "relu", 0.0),
+            x,
+        ),
+        "batch_norm_act (BN→ReLU)": (
+            lambda t: F.relu(bn(t)),
+            lambda t: runtime.bn_act_module(t, bn, "relu", 0.0),
+            x,
+        ),
+        "bn_act_conv (BN→ReLU→conv)": (
+            lambda t: conv2(F.relu(bn(t))),
+            lambda t: runtime.bn_act_conv_module(t, bn, "relu", 0.0, conv2),
+            x,
+        ),
+        "bn_act_conv + epilogue (BN→ReLU→conv→BN→ReLU)": (
+            lambda t: F.relu(bn2(conv2(F.relu(bn(t))))),
+            lambda t: runtime.bn_act_conv_module(t, bn, "relu", 0.0, conv2, bn2, "relu", 0.0),
+            x,
+        ),
+        "conv_act (conv→ReLU)": (
+            lambda t: F.relu(conv(t)),
+            lambda t: runtime.conv_act_module(t, conv, "relu", 0.0),
+            x,
+        ),
+        "linear_act (Linear→GELU)": (
+            lambda t: F.gelu(lin(t)),
+            lambda t: runtime.linear_act_module(t, lin, "gelu", 0.0),
+            lin_x,
+        ),
+        "act_linear (GELU→Linear)": (
+            lambda t: lin2(F.gelu(t)),
+            lambda t: runtime.act_linear_module(t, "gelu", 0.0, lin2),
+            lin_x,
+        ),
+        "layer_norm_linear (LN→Linear)": (
+            lambda t: lin(norm(t)),
+            lambda t: runtime.layer_norm_linear_module(t, norm, lin),
+            lin_x,
+        ),
+    }
+    return {name: (_train(eager, t), _train(fused, t)) for name, (eager, fused, t) in families.items()}
+
+
+def sites(calls: int, rounds: int) -> list[list]:
+    rows = []
+    for name, (eager, fused) in site_variants().items():
+        t = _rounds({"eager": eager, "fxfuse": fused}, calls, rounds)
+        rows.append([name, f"{t['eager']:.0f}", f"{t['fxfuse']:.0f}", f"{t['fxfuse'] / t['eager']:.2f}"])
+    return rows
+
+
+class PlainCNN(nn.Sequential):
+    """Conv-BN-ReLU blocks: the shape of a fused site with nothing else around it."""
+
+    def __init__(self, blocks: int = 8, width: int = 16):
+        layers = [nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+        for _ in range(blocks - 1):
+            layers += [nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+        super().__init__(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
+
+
+def step_models() -> dict[str, Callable[[], nn.Module]]:
+    import torchvision.models as tvm
+
+    return {
+        "resnet50": lambda: tvm.resnet50(num_classes=10),
+        "efficientnet_b0": lambda: tvm.efficientnet_b0(num_classes=10),
+        "mobilenet_v2": lambda: tvm.mobilenet_v2(num_classes=10),
+        "plain CNN (8 Conv-BN-ReLU)": PlainCNN,
+    }
+
+
+def steps(calls: int, rounds: int, shape=(2, 3, 16, 16)) -> list[list]:
+    rows = []
+    for name, build in step_models().items():
+        torch.manual_seed(0)
+        model = build().train()
+        x = torch.randn(*shape)
+        if name.startswith("efficientnet"):  # dropout draws differ between variants: nothing to time there
+            model.classifier[0].p = 0.0
+        variants = {"eager": model}
+        for label, options in (("fast", {"mode": "fast"}), ("memory", {"mode": "memory"}),
+                               ("budget 0.5", {"memory_budget": 0.5})):  # fmt: skip
+            variants[label] = fxfuse.optimize(copy.deepcopy(model), x, **options)
+        t = _rounds({label: _train(m, x) for label, m in variants.items()}, calls, rounds)
+        rows.append([name, f"{t['eager'] / 1e3:.1f}"] + [f"{t[k] / t['eager']:.2f}" for k in variants if k != "eager"])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sites", action="store_true", help="only the per-site table")
+    parser.add_argument("--steps", action="store_true", help="only the train-step table")
+    parser.add_argument("--calls", type=int, default=200, help="calls a round for sites (steps take a tenth)")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    both = not (args.sites or args.steps)
+    if args.sites or both:
+        print("µs a call, forward + backward, 2×8×4×4 (linear: 2×4×16), one thread")
+        rows = sites(args.calls, args.rounds)
+        print(tabulate(rows, headers=["site", "eager", "fxfuse", "x eager"], tablefmt="github"))
+    if args.steps or both:
+        print("\ntrain step at 2×3×16×16, NCHW, one thread: ms for eager, then each variant's ratio to it")
+        rows = steps(max(args.calls // 10, 5), args.rounds)
+        print(tabulate(rows, headers=["model", "eager ms", "fast", "memory", "budget 0.5"], tablefmt="github"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+// Autograd kernel of fxfuse::conv_bn_act: keeps the conv input, the weights and the per-channel
+// statistics (fxfuse::conv_bn_act_backward recomputes the convolution).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/conv2d.h>
+#include <torch/library.h>
+
+#include "../bn_act.h"
+#include "../dispatch.h"
+#include "function.h"
+
+namespace fxfuse {
+namespace {
+
+using autograd::AutogradContext;
+using autograd::variable_list;
+
+using ConvBnActBackwardFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+    at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, bool, double,
+    c10::string_view, double, std::array<bool, 5>);
+
+struct ConvBnAct : public torch::autograd::Function<ConvBnAct> {
+  static variable_list forward(
+      AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+      const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+      at::IntArrayRef dilation, int64_t groups, const std::optional<at::Tensor>& bn_weight,
+      const std::optional<at::Tensor>& bn_bias, const std::optional<at::Tensor>& running_mean,
+      const std::optional<at::Tensor>& running_var, bool batch_stats, double eps,
+      c10::string_view act, double act_param) {
+    ctx->set_materialize_grads(false);
+    at::Tensor out, mean, var, unbiased_var;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(out, mean, var, unbiased_var) = dispatch::conv_bn_act(
+          input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, running_mean,
+          running_var, batch_stats, eps, act, act_param);
+    }
+    ctx->mark_non_differentiable({mean, var, unbiased_var});
+    ctx->save_for_backward(
+        {input, weight, autograd::value(bias), autograd::value(bn_weight), autograd::value(bn_bias),
+         mean, var});
+    ctx->saved_data["edges"] = autograd::edges(
+        {true, true, autograd::value(bias).defined(), autograd::value(bn_weight).defined(),
+         autograd::value(bn_bias).defined(), autograd::value(running_mean).defined(),
+         autograd::value(running_var).defined()});
+    ctx->saved_data["stride"] = stride.vec();
+    ctx->saved_data["padding"] = padding.vec();
+    ctx->saved_data["dilation"] = dilation.vec();
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["batch_stats"] = batch_stats;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["act"] = static_cast<int64_t>(parse_act(act));
+    ctx->saved_data["act_param"] = act_param;
+    return {out, mean, var, unbiased_var};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    constexpr size_t kArgs = 15;
+    const at::Tensor& grad_out = grads[0];
+    if (!grad_out.defined()) return variable_list(kArgs);
+    static auto backward_op = c10::Dispatcher::singleton()
+                                  .findSchemaOrThrow("fxfuse::conv_bn_act_backward", "")
+                                  .typed<ConvBnActBackwardFn>();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &input = saved[0], &weight = saved[1], &bias = saved[2], &bn_weight = saved[3],
+                     &bn_bias = saved[4], &mean = saved[5], &var = saved[6];
+    auto& data = ctx->saved_data;
+    const auto stride = data["stride"].toIntVector(), padding = data["padding"].toIntVector(),
+               dilation = data["dilation"].toIntVector();
+    const int64_t groups = data["groups"].toInt();
+    const bool batch_stats = data["batch_stats"].toBool();
+    const double eps = data["eps"].toDouble();
+    const Act act = static_cast<Act>(data["act"].toInt());
+    const double act_param = data["act_param"].toDouble();
+    const auto need = autograd::needed(ctx, {0, 1, 2, 3, 4});
+    variable_list result;
+    if (autograd::differentiating({grad_out, input, weight, bias, bn_weight, bn_bias})) {
+      result = autograd::composed_gradients(
+          [&](const variable_list& t) {
+            const at::Tensor y =
+                at::conv2d(t[0], t[1], autograd::optional(t[2]), stride, padding, dilation, groups);
+            return autograd::normalize_act(y, mean, var, t[3], t[4], batch_stats, eps, act, act_param);
+          },
+          {input, weight, bias, bn_weight, bn_bias}, need, grad_out);
+    } else {
+      auto [gi, gw, gb, gbw, gbb] = backward_op.call(
+          grad_out, input, weight, autograd::optional(bias), stride, padding, dilation, groups,
+          autograd::optional(bn_weight), autograd::optional(bn_bias), mean, var, batch_stats, eps,
+          kActNames[static_cast<int>(act)], act_param,
+          {need[0], need[1], need[2], need[3], need[4]});
+      result = {gi, gw, gb, gbw, gbb};
+    }
+    return autograd::gradients_at({0, 1, 2, 7, 8}, result, kArgs);
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act_autograd(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    bool batch_stats, double eps, c10::string_view act, double act_param) {
+  auto r = ConvBnAct::apply(
+      input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, running_mean,
+      running_var, batch_stats, eps, act, act_param);
+  return {r[0], r[1], r[2], r[3]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fxfuse, Autograd, m) {
+  m.impl("conv_bn_act", &conv_bn_act_autograd);
+}
+
+}  // namespace fxfuse
