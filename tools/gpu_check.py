@@ -331,13 +331,11 @@ class Clock:
     def left(self) -> float:
         return self.end - time.monotonic()
 
-    def allows(self, what: str, need: float) -> bool:
+    def refuses(self, what: str, need: float) -> str | None:
+        """None if `need` seconds are left, else the line that says `what` is skipped."""
         if self.left() >= need:
-            return True
-        print(
-            f"skipped {what}: {max(self.left(), 0):.0f} s of the phase's budget left, needs ~{need:.0f} s", flush=True
-        )
-        return False
+            return None
+        return f"skipped {what}: {max(self.left(), 0):.0f} s of the phase's budget left, needs ~{need:.0f} s"
 
 
 class _Setup:
@@ -570,6 +568,11 @@ def _measure(model, x, setup: _Setup, precision: str, repeats: int, launches: bo
     return out
 
 
+def _failure(what: str, exc: Exception) -> str:
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"failed {what}: {type(exc).__name__}: {first}"
+
+
 def _ratio(a, b) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
@@ -649,8 +652,10 @@ def run_tasks(args, name: str, tasks: list, labels: dict, columns: list[str], la
         kind = "compile" if variant.startswith("compile") else "other"
         guess = args.compile_guess_s if kind == "compile" else args.variant_guess_s
         need = 1.2 * statistics.median(spent[kind]) if spent[kind] else guess
-        if not clock.allows(what, need):
-            notes.append(f"skipped {what}: {max(clock.left(), 0):.0f} s left, needs ~{need:.0f} s")
+        refused = clock.refuses(what, need)
+        if refused:
+            notes.append(refused)
+            print(refused, flush=True)
             continue
         start = time.perf_counter()
         model = None
@@ -662,12 +667,14 @@ def run_tasks(args, name: str, tasks: list, labels: dict, columns: list[str], la
             x = torch.randn(batch, 3, size, size, device=setup.device).contiguous(memory_format=torch.channels_last)
             model = _build(variant, bases[model_name], x, setup, precision)
             m = _measure(model, x, setup, precision, args.repeats, launches)
-            m.update(setup_s=round(time.perf_counter() - start, 1), card=setup.card, bench_variant=variant)
+            m.update(
+                setup_s=round(time.perf_counter() - start, 1), card=setup.card, bench_variant=variant, source="measured"
+            )
             results[key] = m
             print(what, {k: m[k] for k in ("saved_bytes", "peak_bytes", "step_ms")}, f"{m['setup_s']} s", flush=True)
         except Exception as exc:  # a variant that fails (an OOM, a compile error) leaves the others to run
             traceback.print_exc()
-            notes.append(f"failed {what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            notes.append(_failure(what, exc))
             print(notes[-1], flush=True)
         finally:
             del model
@@ -828,16 +835,35 @@ class _Autocast(torch.nn.Module):
             return self.model(x)
 
 
+def _fit_one(variant: str, base, x, cap: int, setup: _Setup, precision: str, repeats: int):
+    """(largest batch within `cap`, ms per sample of a step at that batch) for one variant."""
+    from fxfuse.measure import fit as fitting
+
+    model = _build(variant, base, x, setup, precision)
+    # counted on the meta device first (seconds), so that the measured search starts near its answer;
+    # the count cannot see autocast, the search then walks from there
+    start = fitting.largest_batch(model, (x,), cap)
+    runs = _Autocast(model, setup.device.type) if precision == "bf16" else model
+    n = fitting.largest_batch(runs, (x,), cap, how="measured", start=start)
+    if not n:
+        return 0, None
+    xn = fitting.batched((x,), n)[0]
+
+    def step():
+        _train_step(model, xn, setup, precision)
+
+    step()
+    return n, _median_ms(step, repeats, setup) / n
+
+
 FIT_COLUMNS = ["model", "precision", "cap_GiB", "variant", "batch", "batch_x", "ms_per_sample", "time_per_sample_x"]
 
 
 def fit(args) -> None:
-    """Largest training batch within a memory cap (--cap-gib), channels_last, for each model,
-    precision and variant (--fit-variants, `fxfuse.bench` names), and the time per sample of a step at
-    that batch (timed without the cap: the batch fits under it). Ratios to eager's row. Issue 55's
+    """Largest training batch within a memory cap (--cap-gib), channels_last, for each precision (bf16
+    first), model and variant (--fit-variants, `fxfuse.bench` names), and the time per sample of a step
+    at that batch (timed without the cap: the batch fits under it). Ratios to eager's row. Issue 55's
     target: fxfuse at >= 2x eager's batch at <= 1.15x eager's time per sample (ResNet-50 bf16)."""
-    from fxfuse.measure import fit as fitting
-
     setup = _Setup(args)
     clock = Clock(args.budget_s)
     makers, size = _phase_models(setup)
@@ -846,8 +872,8 @@ def fit(args) -> None:
     variants = ["eager"] + [v for v in variants if v != "eager"]
     rows, notes = [], [f"card: {setup.card}; torch {torch.__version__}; cap {args.cap_gib} GiB"]
     print(notes[0], flush=True)
-    for model_name in args.models or ("resnet50", "efficientnet_b0"):
-        for precision in args.precisions:
+    for precision in args.precisions:
+        for model_name in args.models or ("resnet50", "efficientnet_b0"):
             torch.manual_seed(0)
             base = makers[model_name]().to(setup.device)
             x = torch.randn(8, 3, size, size, device=setup.device).contiguous(memory_format=torch.channels_last)
@@ -857,25 +883,19 @@ def fit(args) -> None:
                 if "eager" not in found and variant != "eager":
                     notes.append(f"skipped {what}: no eager row")
                     continue
-                if not clock.allows(what, args.variant_guess_s):
-                    notes.append(f"skipped {what}: out of time")
+                refused = clock.refuses(what, args.variant_guess_s)
+                if refused:
+                    notes.append(refused)
+                    print(refused, flush=True)
                     continue
                 name = EAGER if variant == "eager" else variant
-                model = _build(name, base, x, setup, precision)
-                # counted on the meta device first (seconds), so that the measured search starts near its
-                # answer; the count cannot see autocast, the search then walks from there
-                start = fitting.largest_batch(model, (x,), cap)
-                runs = _Autocast(model, setup.device.type) if precision == "bf16" else model
-                n = fitting.largest_batch(runs, (x,), cap, how="measured", start=start)
-                ms = None
-                if n:
-                    xn = fitting.batched((x,), n)[0]
-
-                    def step(model=model, xn=xn, precision=precision):
-                        _train_step(model, xn, setup, precision)
-
-                    step()
-                    ms = _median_ms(step, args.repeats, setup) / n
+                try:
+                    n, ms = _fit_one(name, base, x, cap, setup, precision, args.repeats)
+                except Exception as exc:  # an OOM outside the search, a failed plan: the other rows still run
+                    notes.append(_failure(what, exc))
+                    print(notes[-1], flush=True)
+                    setup.cleanup()
+                    continue
                 found[variant] = (n, ms)
                 e_n, e_ms = found["eager"]
                 rows.append(
@@ -892,7 +912,6 @@ def fit(args) -> None:
                     }
                 )
                 print(rows[-1], flush=True)
-                del model, runs
                 setup.cleanup()
                 _write_phase(args.out, "fit", rows, FIT_COLUMNS + ["card"], notes)
     _write_phase(args.out, "fit", rows, FIT_COLUMNS + ["card"], notes)
@@ -987,7 +1006,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--precisions", type=_names, default=None, help="speed, fit: bf16,fp32 (the default)")
     parser.add_argument("--budgets", type=lambda t: [float(b) for b in _names(t)], default=None, help="frontier")
     parser.add_argument("--fresh", action="store_true", help="frontier: reuse no rows of speed.json, frontier.json")
-    parser.add_argument("--fit-variants", default="eager,memory", help="fit: fxfuse.bench variant names")
+    parser.add_argument("--fit-variants", default="eager,memory,budget=0.5", help="fit: fxfuse.bench variants")
     args = parser.parse_args(argv)
     timed_phase = args.section in ("speed", "frontier", "fit")
     if args.repeats is None:
