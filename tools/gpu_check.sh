@@ -18,7 +18,8 @@
 #   bench         fxfuse bench --device cuda --fit-cap: ResNet-50 batch 64 fp32
 #   bench-effnet  the same for EfficientNet-B0
 # speed, frontier and fit are time-boxed: PHASE:SECONDS sets the phase's budget (default 450), which
-# it spends in priority order, writing its JSON after every row; a timeout stops it 90 s past it.
+# it spends in priority order, writing its JSON after every row; a timeout stops it 90 s past it (or
+# 5 s before GPU_CHECK_SECONDS run out).
 # GPU_CHECK_SECONDS caps the whole run: each time-boxed phase gets at most what is left of it (less 20 s),
 # and a phase started with under 30 s left is skipped. GPU_CHECK_ARGS_<phase> adds arguments to a
 # time-boxed phase (GPU_CHECK_ARGS_fit="--cap-gib 8"); GPU_CHECK_DRY_RUN=1 runs speed, frontier and fit on the CPU with tiny models
@@ -61,6 +62,8 @@ for item in $PHASES; do
         continue
       fi ;;
   esac
+  kill_after=$((budget + 90))
+  [ "$kill_after" -gt $((left - 5)) ] && kill_after=$((left - 5))
   dry=()
   [ "$DRY" = 1 ] && dry=(--dry-run)
   extra=GPU_CHECK_ARGS_$phase
@@ -75,7 +78,7 @@ for item in $PHASES; do
              --modes memory --budget 0.5 --repeats 10 --fit-cap 16GiB --fit-by measured --json \
              >"$OUT/bench-effnet.json" 2>"$OUT/bench-effnet.log" ;;
     # shellcheck disable=SC2086  # the extra arguments are a list
-    speed | frontier | fit) timeout -k 10 $((budget + 90)) "$PY" tools/gpu_check.py "$phase" --out "$OUT" \
+    speed | frontier | fit) timeout -k 5 "$kill_after" "$PY" tools/gpu_check.py "$phase" --out "$OUT" \
              --budget-s "$budget" "${dry[@]}" ${!extra:-} >"$OUT/$phase.log" 2>&1 ;;
     *) "$PY" tools/gpu_check.py "$phase" --out "$OUT" >"$OUT/$phase.log" 2>&1 ;;
   esac
