@@ -18,10 +18,10 @@
 #   bench         fxfuse bench --device cuda --fit-cap: ResNet-50 batch 64 fp32
 #   bench-effnet  the same for EfficientNet-B0
 # speed, frontier and fit are time-boxed: PHASE:SECONDS sets the phase's budget (default 450), which
-# it spends in priority order, writing its JSON after every row; a timeout stops it 90 s past it (or
-# 5 s before GPU_CHECK_SECONDS run out).
+# it spends in priority order, writing its JSON after every row; a timeout stops it 90 s past it.
 # GPU_CHECK_SECONDS caps the whole run: each time-boxed phase gets at most what is left of it (less 20 s),
-# and a phase started with under 30 s left is skipped. GPU_CHECK_ARGS_<phase> adds arguments to a
+# every phase is stopped 5 s before it runs out, and a phase that would start with under 30 s left
+# (a time-boxed one: with a budget under 30 s) is skipped. GPU_CHECK_ARGS_<phase> adds arguments to a
 # time-boxed phase (GPU_CHECK_ARGS_fit="--cap-gib 8"); GPU_CHECK_DRY_RUN=1 runs speed, frontier and fit on the CPU with tiny models
 # (--dry-run) and skips the rest, to try the driver without a GPU.
 # Each phase logs to OUT/PHASE.log; its tables land in OUT as JSON and markdown (the README's GPU
@@ -49,6 +49,10 @@ for item in $PHASES; do
   [ "$item" != "$phase" ] && budget=${item#*:}
   start=$(date +%s)
   left=$((END - start))
+  if [ "$left" -lt 30 ]; then
+    echo "gpu-check: $phase skipped: ${left} s left of GPU_CHECK_SECONDS"
+    continue
+  fi
   case $phase in
     speed | frontier | fit)
       [ $((left - 20)) -lt "$budget" ] && budget=$((left - 20))
@@ -62,25 +66,28 @@ for item in $PHASES; do
         continue
       fi ;;
   esac
-  kill_after=$((budget + 90))
-  [ "$kill_after" -gt $((left - 5)) ] && kill_after=$((left - 5))
+  # every phase ends 5 s before GPU_CHECK_SECONDS run out, so that a command after the driver (packing
+  # OUT) still runs; a time-boxed phase also 90 s past its own budget
+  limit=$((left - 5))
+  case $phase in speed | frontier | fit) [ "$limit" -gt $((budget + 90)) ] && limit=$((budget + 90)) ;; esac
+  run=(timeout -k 5 "$limit" "$PY")
   dry=()
   [ "$DRY" = 1 ] && dry=(--dry-run)
   extra=GPU_CHECK_ARGS_$phase
   extra=${extra//-/_}
   case $phase in
     build) FXFUSE_CUDA=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
-             "$PY" setup.py build_ext --inplace >"$OUT/build.log" 2>&1 ;;
-    tests) "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py >"$OUT/tests.log" 2>&1 ;;
-    bench) "$PY" -m fxfuse bench torchvision:resnet50 --input-shape 64,3,224,224 --device cuda --modes memory \
+             "${run[@]}" setup.py build_ext --inplace >"$OUT/build.log" 2>&1 ;;
+    tests) "${run[@]}" -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py >"$OUT/tests.log" 2>&1 ;;
+    bench) "${run[@]}" -m fxfuse bench torchvision:resnet50 --input-shape 64,3,224,224 --device cuda --modes memory \
              --budget 0.5 --repeats 10 --fit-cap 16GiB --fit-by measured --json >"$OUT/bench.json" 2>"$OUT/bench.log" ;;
-    bench-effnet) "$PY" -m fxfuse bench torchvision:efficientnet_b0 --input-shape 64,3,224,224 --device cuda \
+    bench-effnet) "${run[@]}" -m fxfuse bench torchvision:efficientnet_b0 --input-shape 64,3,224,224 --device cuda \
              --modes memory --budget 0.5 --repeats 10 --fit-cap 16GiB --fit-by measured --json \
              >"$OUT/bench-effnet.json" 2>"$OUT/bench-effnet.log" ;;
     # shellcheck disable=SC2086  # the extra arguments are a list
-    speed | frontier | fit) timeout -k 5 "$kill_after" "$PY" tools/gpu_check.py "$phase" --out "$OUT" \
+    speed | frontier | fit) "${run[@]}" tools/gpu_check.py "$phase" --out "$OUT" \
              --budget-s "$budget" "${dry[@]}" ${!extra:-} >"$OUT/$phase.log" 2>&1 ;;
-    *) "$PY" tools/gpu_check.py "$phase" --out "$OUT" >"$OUT/$phase.log" 2>&1 ;;
+    *) "${run[@]}" tools/gpu_check.py "$phase" --out "$OUT" >"$OUT/$phase.log" 2>&1 ;;
   esac
   rc=$?
   echo "gpu-check: $phase rc=$rc ($(($(date +%s) - start)) s)"
