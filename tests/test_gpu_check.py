@@ -194,6 +194,20 @@ def test_a_phase_out_of_time_skips_each_measurement_with_a_line_and_still_writes
     assert "skipped resnet50 bf16 batch 4 eager: 0 s of the phase's budget left" in notes
     assert notes.count("no eager baseline") == 6
 
+    # a second run keeps the rows of the first on the same card, and goes on from there
+    card = f"cpu dry run ({__import__('platform').machine()}, 1 threads)"
+    first = {"model": "resnet50", "precision": "bf16", "batch": 4, "saved_bytes": 10, "peak_bytes": 20}
+    rows = [
+        {**first, "variant": "eager", "bench_variant": "eager-channels_last", "step_ms": 2.0, "source": "measured"},
+        {**first, "variant": "fast", "bench_variant": "fast", "step_ms": 3.0, "saved_bytes": 5, "source": "measured"},
+    ]
+    (tmp_path / "speed.json").write_text(json.dumps([{**r, "card": card} for r in rows]))
+    _dry_run(tmp_path, "speed", "--budget-s", "0", "--models", "resnet50", "--precisions", "bf16")
+    eager, fast = json.loads((tmp_path / "speed.json").read_text())
+    assert (eager["variant"], eager["time_x"], eager["source"]) == ("eager", 1.0, "speed.json")
+    assert (fast["variant"], fast["time_x"], fast["saved_x"]) == ("fast", 1.5, 0.5)
+    assert "skipped resnet50 bf16 batch 4 memory: 0 s" in (tmp_path / "speed.md").read_text()
+
 
 def test_speed_and_frontier_measure_the_most_wanted_first():
     gpu_check = _gpu_check_module()

@@ -616,7 +616,8 @@ def _reused(paths: list[str], card: str) -> dict:
                     key = (row["model"], row["precision"], row["batch"], row["bench_variant"])
                     found[key] = {k: v for k, v in row.items() if k not in ("model", "precision", "batch", "variant")}
                     found[key]["step_ms"] = row["step_ms"]
-                    found[key]["source"] = found[key].get("source") or os.path.basename(path)
+                    source = row.get("source")
+                    found[key]["source"] = source if source not in (None, "measured") else os.path.basename(path)
     return found
 
 
@@ -733,9 +734,12 @@ def speed_tasks(dry_run: bool, models=("resnet50", "efficientnet_b0"), precision
 def speed(args) -> None:
     """Issue 54's GPU table: eager, fxfuse and torch.compile train steps of ResNet-50 and
     EfficientNet-B0, bf16 autocast (batch 128) and fp32 (batch 64), channels_last: saved, peak, step
-    time, kernel launches and host enqueue time per step (speed.json, speed.md)."""
+    time, kernel launches and host enqueue time per step (speed.json, speed.md). Rows of an earlier
+    speed.json in OUT on the same card are kept (a second run goes on where the first stopped) unless
+    --fresh."""
     tasks = speed_tasks(args.dry_run, args.models or ("resnet50", "efficientnet_b0"), args.precisions)
-    run_tasks(args, "speed", tasks, SPEED_VARIANTS, SPEED_COLUMNS, launches=True)
+    reuse = [] if args.fresh else [os.path.join(args.out, "speed.json")]
+    run_tasks(args, "speed", tasks, SPEED_VARIANTS, SPEED_COLUMNS, True, reuse)
 
 
 FRONTIER_BUDGETS = (0.5, 0.3, 0.7)  # in the order their compile rows are measured
@@ -1011,7 +1015,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--models", type=_names, default=None, help="comma-separated: resnet50,efficientnet_b0,...")
     parser.add_argument("--precisions", type=_names, default=None, help="speed, fit: bf16,fp32 (the default)")
     parser.add_argument("--budgets", type=lambda t: [float(b) for b in _names(t)], default=None, help="frontier")
-    parser.add_argument("--fresh", action="store_true", help="frontier: reuse no rows of speed.json, frontier.json")
+    parser.add_argument("--fresh", action="store_true", help="speed, frontier: reuse no rows of OUT's JSON")
     parser.add_argument("--fit-variants", default="eager,memory,budget=0.5", help="fit: fxfuse.bench variants")
     args = parser.parse_args(argv)
     timed_phase = args.section in ("speed", "frontier", "fit")
