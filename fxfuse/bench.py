@@ -122,7 +122,7 @@ class BudgetCompiled(nn.Module):
     with the budget in force.
     """
 
-    def __init__(self, model: nn.Module, budget: float, backend: str = "inductor") -> None:
+    def __init__(self, model: nn.Module, budget: float, backend: str | Callable = "inductor") -> None:
         super().__init__()
         self.model = model
         self.budget = float(budget)
@@ -145,7 +145,7 @@ class ComposedCompiled(nn.Module):
     other compiled variants in the process keep their own setting.
     """
 
-    def __init__(self, model: nn.Module, backend: str = "inductor") -> None:
+    def __init__(self, model: nn.Module, backend: str | Callable = "inductor") -> None:
         super().__init__()
         self.compiled = torch.compile(model, backend=backend)
 
@@ -261,7 +261,7 @@ def make_variant(
     model: nn.Module,
     example_inputs: Sequence[Any],
     memory_format: Optional[torch.memory_format] = None,
-    compile_backend: str = "inductor",
+    compile_backend: str | Callable = "inductor",
 ) -> nn.Module:
     """A fresh copy of `model` set up as variant `name` (see parse_variants), in `memory_format` if given
     (the eager baselines always in their own); the torch.compile variants with `compile_backend`
