@@ -304,3 +304,28 @@ def test_the_driver_splits_its_time_among_the_time_boxed_phases(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "build skipped: a dry run runs speed, frontier and fit only" in run.stdout and "tests skipped" in run.stdout
     assert (tmp_path / "seen").read_text().splitlines()[3].endswith("--budget-s 40 --dry-run --cap-gib 8")
+
+
+def test_host_time_is_taken_behind_a_sleep_unless_the_host_waited_for_it(monkeypatch):
+    """On the GPU: a step that enqueues in less than the sleep is timed behind it; one that takes as
+    long as the sleep waited for the device (a full launch queue, a sync) and is timed from an idle
+    device. The CUDA calls are stand-ins: the decision is what is tested here."""
+    from types import SimpleNamespace
+
+    gpu_check = _gpu_check_module()
+    slept = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    setup = SimpleNamespace(device=torch.device("cuda"), sleep_rate=1000.0)
+    host, how = gpu_check._host_ms(lambda: None, 5.0, setup)
+    assert how == "behind a sleep" and host < 5 and slept == [30_000] * 3  # 2 x 5 ms + 20 ms, in cycles
+    calls = []
+
+    def waits():  # as long as the 30 ms sleep while it is queued, then quick
+        calls.append(1)
+        time.sleep(0.03 if len(calls) <= 3 else 0.0)
+
+    host, how = gpu_check._host_ms(waits, 5.0, setup)
+    assert how == "waited behind a 30 ms sleep; from an idle device" and host < 25 and len(calls) == 6
+    host, how = gpu_check._host_ms(lambda: None, 5.0, SimpleNamespace(device=setup.device, sleep_rate=None))
+    assert how == "no sleep; from an idle device" and len(slept) == 6

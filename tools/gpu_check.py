@@ -354,7 +354,12 @@ class _Setup:
             self.card = torch.cuda.get_device_name(0)
         self.backend = args.compile_backend or ("aot_eager_decomp_partition" if args.dry_run else "inductor")
         self.plan_in_autocast = not args.plan_outside_autocast
-        self.sleep_rate = None if args.dry_run else _sleep_cycles_per_ms()
+        self.sleep_rate = None
+        if not args.dry_run:
+            try:
+                self.sleep_rate = _sleep_cycles_per_ms()
+            except Exception as exc:  # no torch.cuda._sleep: the host time is then timed from an idle device
+                print(f"no torch.cuda._sleep ({type(exc).__name__}: {exc})", flush=True)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -523,16 +528,15 @@ def _host_ms(step, step_ms: float, setup: _Setup, steps: int = 3) -> tuple[float
         return _median_ms(step, steps, setup), "cpu: the step's wall time"
     sleep_ms = 2 * step_ms + 20
     times = []
-    for _ in range(steps):
+    for _ in range(steps if setup.sleep_rate else 0):
         torch.cuda.synchronize()
         torch.cuda._sleep(int(setup.sleep_rate * sleep_ms))
         start = time.perf_counter()
         step()
         times.append((time.perf_counter() - start) * 1e3)
     torch.cuda.synchronize()
-    host = statistics.median(times)
-    if host < 0.9 * sleep_ms:
-        return host, "behind a sleep"
+    if times and statistics.median(times) < 0.9 * sleep_ms:
+        return statistics.median(times), "behind a sleep"
     times = []
     for _ in range(steps):
         torch.cuda.synchronize()
@@ -540,7 +544,8 @@ def _host_ms(step, step_ms: float, setup: _Setup, steps: int = 3) -> tuple[float
         step()
         times.append((time.perf_counter() - start) * 1e3)
     torch.cuda.synchronize()
-    return statistics.median(times), f"waited behind a {sleep_ms:.0f} ms sleep; from an idle device"
+    why = f"waited behind a {sleep_ms:.0f} ms sleep" if setup.sleep_rate else "no sleep"
+    return statistics.median(times), f"{why}; from an idle device"
 
 
 def _measure(model, x, setup: _Setup, precision: str, repeats: int, launches: bool) -> dict:
@@ -632,8 +637,11 @@ def run_tasks(args, name: str, tasks: list, labels: dict, columns: list[str], la
     notes = [f"card: {setup.card}; torch {torch.__version__}; compile backend {setup.backend}"]
     notes.append("bf16 plans made " + ("inside" if setup.plan_in_autocast else "outside") + " autocast")
     if launches and setup.device.type == "cuda":
-        depth = launch_queue_depth()
-        notes.append(f"launch queue: a launch waited after {depth or 'more than 8192'} pending ones")
+        try:
+            depth = launch_queue_depth()
+            notes.append(f"launch queue: a launch waited after {depth or 'more than 8192'} pending ones")
+        except Exception as exc:
+            notes.append(f"launch queue: not measured ({type(exc).__name__}: {exc})")
     for line in notes:
         print(line, flush=True)
     results = {}
