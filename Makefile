@@ -82,11 +82,13 @@ cuda-build: $(DEPS)
 	$(PY) tools/check_cuda_build.py
 
 # Everything a GPU run needs (CUDA build, tests/test_cuda.py, float64 exactness on CUDA, autocast, kernel
-# GB/s, ResNet-50/EfficientNet-B0 steps, bench with --fit-cap), logs and JSON into GPU_OUT. Runs with the
-# python that has CUDA torch (PYTHON=...); on a machine without a GPU it stops at once with one line.
+# GB/s, ResNet-50/EfficientNet-B0 steps, speed, frontier, fit, bench with --fit-cap), logs and JSON into
+# GPU_OUT; GPU_PHASES picks phases (e.g. "build tests speed:200"). Runs with the python that has CUDA torch
+# (PYTHON=...); on a machine without a GPU it stops at once with one line.
 GPU_OUT ?= gpu-check-out
+GPU_PHASES ?=
 gpu-check:
-	PYTHON="$(if $(wildcard $(PY)),$(PY),$(PYTHON))" tools/gpu_check.sh $(GPU_OUT)
+	PYTHON="$(if $(wildcard $(PY)),$(PY),$(PYTHON))" tools/gpu_check.sh $(GPU_OUT) $(GPU_PHASES)
 
 clean:
 	rm -rf build *.egg-info fxfuse/_C*.so $(BUILT)

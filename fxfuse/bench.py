@@ -122,14 +122,14 @@ class BudgetCompiled(nn.Module):
     with the budget in force.
     """
 
-    def __init__(self, model: nn.Module, budget: float) -> None:
+    def __init__(self, model: nn.Module, budget: float, backend: str | Callable = "inductor") -> None:
         super().__init__()
         self.model = model
         self.budget = float(budget)
         namespace: dict = {}
         source = "def entry(model, *args, **kwargs):\n    return model(*args, **kwargs)\n"
         exec(compile(source, f"<fxfuse compile-budget={budget:g} #{id(self)}>", "exec"), namespace)
-        self._entry = torch.compile(namespace["entry"])
+        self._entry = torch.compile(namespace["entry"], backend=backend)
 
     def forward(self, *args, **kwargs):
         import torch._functorch.config as functorch_config
@@ -145,9 +145,9 @@ class ComposedCompiled(nn.Module):
     other compiled variants in the process keep their own setting.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, backend: str | Callable = "inductor") -> None:
         super().__init__()
-        self.compiled = torch.compile(model)
+        self.compiled = torch.compile(model, backend=backend)
 
     def forward(self, *args, **kwargs):
         from .ops import compiled
@@ -257,10 +257,15 @@ def variant_inputs(inputs: Sequence[Any], name: str, memory_format: Optional[tor
 
 
 def make_variant(
-    name: str, model: nn.Module, example_inputs: Sequence[Any], memory_format: Optional[torch.memory_format] = None
+    name: str,
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    memory_format: Optional[torch.memory_format] = None,
+    compile_backend: str | Callable = "inductor",
 ) -> nn.Module:
     """A fresh copy of `model` set up as variant `name` (see parse_variants), in `memory_format` if given
-    (the eager baselines always in their own)."""
+    (the eager baselines always in their own); the torch.compile variants with `compile_backend`
+    ("aot_eager_decomp_partition" partitions as inductor does, budget included, in seconds on CPU)."""
     copied = copy.deepcopy(model)
     if memory_format is not None:
         layout = variant_layout(name, memory_format)
@@ -280,13 +285,13 @@ def make_variant(
     if name == "checkpoint":
         return checkpoint_blocks(copied)
     if name == "compile":
-        return torch.compile(copied)
+        return torch.compile(copied, backend=compile_backend)
     over_fxfuse = budget_compiled_mode(name)
     if over_fxfuse is not None and over_fxfuse[1] in MODES:
         budget, mode = over_fxfuse
-        return BudgetCompiled(optimize(copied, tuple(example_inputs), mode=mode), budget)
+        return BudgetCompiled(optimize(copied, tuple(example_inputs), mode=mode), budget, compile_backend)
     if name.startswith("compile-budget="):
-        return BudgetCompiled(copied, float(name.split("=", 1)[1]))
+        return BudgetCompiled(copied, float(name.split("=", 1)[1]), compile_backend)
     if name.startswith("compile(") and name.endswith(")"):
         mode, composed = _compiled_fxfuse_mode(name)
         optimized = None
@@ -295,7 +300,9 @@ def make_variant(
         elif mode.startswith("budget="):
             optimized = optimize(copied, tuple(example_inputs), memory_budget=float(mode.split("=", 1)[1]))
         if optimized is not None:
-            return ComposedCompiled(optimized) if composed else torch.compile(optimized)
+            if composed:
+                return ComposedCompiled(optimized, compile_backend)
+            return torch.compile(optimized, backend=compile_backend)
     raise ConfigurationError(f"unknown variant {name!r}")
 
 

@@ -434,6 +434,25 @@ def test_compiled_fxfuse_variants_run_and_keep_their_flag():
     torch._dynamo.reset()
 
 
+def test_every_compiled_variant_compiles_with_the_backend_given():
+    """tools/gpu_check.py's dry run compiles with aot_eager_decomp_partition on the CPU: each compiled
+    variant passes `compile_backend` on to torch.compile (a recording backend sees each graph)."""
+    model, x = small_net(), torch.randn(2, 3, 8, 8)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(name)
+        return gm.forward
+
+    names = ["compile", "compile-budget=0.5", "compile(fast)", "compile(fast,composed)", "compile-budget=0.5(fast)"]
+    for name in names:
+        torch._dynamo.reset()
+        variant = bench.make_variant(name, model, (x,), compile_backend=backend)
+        torch.testing.assert_close(variant(x), model(x))
+    torch._dynamo.reset()
+    assert set(seen) == set(names)
+
+
 def _row(name, saved, peak, time):
     return bench.Row(name, 0, 0, 0.0, saved_ratio=saved, peak_ratio=peak, time_ratio=time)
 
