@@ -14,6 +14,8 @@ from fxfuse.errors import ConfigurationError  # noqa: E402
 from fxfuse.fusion import is_optimized  # noqa: E402
 from fxfuse.integrations.lightning import FxfuseCallback, batch_inputs  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 TOL = dict(rtol=1e-9, atol=1e-11)
 
 
@@ -104,7 +106,7 @@ def assert_same_training(a, b, trainer_a, trainer_b):
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()
     for k in sa:
-        torch.testing.assert_close(sa[k], sb[k], **TOL, msg=k)
+        torch.testing.assert_close(sa[k], sb[k], **TOL, msg=lambda m, k=k: f"{k}: {m}")
     oa, ob = trainer_a.optimizers[0].state_dict(), trainer_b.optimizers[0].state_dict()
     assert oa["param_groups"] == ob["param_groups"]
     for i in oa["state"]:
