@@ -2,6 +2,8 @@
 computes without it (losses, weights, optimizer state, running statistics, outputs), also across a
 checkpoint save and a resumed fit."""
 
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -52,6 +54,9 @@ class Classifier(pl.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
+    def predict(self, x):
+        return self.model(x)
+
 
 class Flat(Classifier):
     """The layers on the LightningModule itself, called through its own forward."""
@@ -65,6 +70,9 @@ class Flat(Classifier):
 
     def forward(self, x):
         return self.head(self.stem(x))
+
+    def predict(self, x):
+        return self(x)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -115,13 +123,7 @@ def assert_same_training(a, b, trainer_a, trainer_b):
     for train in (True, False):
         a.train(train), b.train(train)
         with torch.no_grad():
-            torch.testing.assert_close(
-                a(x) if a.forward_defined else a.model(x), b(x) if b.forward_defined else b.model(x), **TOL
-            )
-
-
-Classifier.forward_defined = False
-Flat.forward_defined = True
+            torch.testing.assert_close(a.predict(x), b.predict(x), **TOL)
 
 
 @pytest.mark.parametrize(
@@ -188,6 +190,22 @@ def test_options_and_names_are_checked():
     with pytest.raises(ConfigurationError, match="backbone.*'model'"):
         FxfuseCallback(module_name="backbone").network(Classifier())
     assert FxfuseCallback(module_name="model.0").network(Classifier()) is not None
+    with pytest.raises(ConfigurationError, match="no forward of its own.*'model', 'other'"):
+        FxfuseCallback().network(Heads())
+
+
+class Heads(Classifier):
+    """Two networks and no forward: which one is meant is for the user to say."""
+
+    def __init__(self):
+        super().__init__()
+        self.other = net()
+
+
+def test_import_fxfuse_imports_no_trainer():
+    code = "import sys, fxfuse, fxfuse.integrations; print(sorted({'lightning', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_batch_inputs():

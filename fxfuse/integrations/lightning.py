@@ -10,8 +10,8 @@ every parameter and buffer object), so checkpoints save and load as without fxfu
 Which module is "the network" (`module_name`): given, `pl_module.get_submodule(module_name)`;
 otherwise the LightningModule's one child holding trainable parameters (`self.model = resnet50()`:
 the pattern where training_step calls either `self.model(x)` or `self(x)`, which both then run the
-fused model); with none or several such children, the LightningModule itself, whose own forward
-training_step must then call (`self(x)`). A network that the first training batch does not call is
+fused model); with none or several such children, the LightningModule itself, which must then define a
+forward that training_step calls (`self(x)`). A network that the first training batch does not call is
 reported with a warning naming `module_name`.
 """
 
@@ -27,9 +27,9 @@ from ..errors import ConfigurationError
 from .settings import Settings, submodule, trainable_children
 
 try:
-    from lightning.pytorch import Callback
+    from lightning.pytorch import Callback, LightningModule
 except ImportError:  # the standalone package
-    from pytorch_lightning import Callback
+    from pytorch_lightning import Callback, LightningModule
 
 
 def batch_inputs(batch: Any) -> Any:
@@ -84,7 +84,15 @@ class FxfuseCallback(Callback):
         if self.module_name is not None:
             return submodule(pl_module, self.module_name)
         children = trainable_children(pl_module)
-        return children[0][1] if len(children) == 1 else pl_module
+        if len(children) == 1:
+            return children[0][1]
+        if type(pl_module).forward is LightningModule.forward:
+            names = ", ".join(repr(n) for n, _ in children) or "none"
+            raise ConfigurationError(
+                f"FxfuseCallback: {type(pl_module).__name__} has no forward of its own and {len(children)} children "
+                f"with trainable parameters ({names}); name the one training_step calls: module_name=..."
+            )
+        return pl_module
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._pending = True
