@@ -137,6 +137,8 @@ def test_fit_is_eagers_fit(options):
     trainer_eager, trainer_fused = fit(eager), fit(fused, [callback])
     assert is_optimized(fused.model) and not is_optimized(fused)
     assert callback.report is fused.model.fxfuse_report and callback.report.fused
+    assert callback.report.budget == options.get("memory_budget")  # the options reached optimize
+    assert callback.report.layout.startswith(options.get("memory_format", "as given"))
     assert_same_training(eager, fused, trainer_eager, trainer_fused)
 
 
