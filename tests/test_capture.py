@@ -113,3 +113,24 @@ def test_call_patterns_tell_bool_from_int_and_bind_only_plain_values():
     assert CallPattern.of((x, [x])) == CallPattern(2)  # a list (of tensors) stays a placeholder
     assert tracing.bindings(_Optional.forward, CallPattern.of((x, x), {"flag": True})) == {"flag": True}
     assert tracing.bindings(_Optional.forward, CallPattern(1)) == {"mask": None, "flag": False}
+
+
+class _ShapeChecked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU())
+
+    def forward(self, x, scale=None):
+        if x.shape[1] != 3:  # Python on a shape: graphs are traced for the example's shapes
+            raise ValueError("3 channels")
+        return self.body(x) if scale is None else self.body(x) * scale
+
+
+def test_a_graph_built_at_call_time_traces_the_model_alone():
+    """A new call pattern builds a graph at call time, from a meta copy of the optimized model: the copy is
+    plain, not the model optimized again (which pickling an optimized model does: 6 traces, not 2)."""
+    model, x = _ShapeChecked(), torch.randn(2, 3, 8, 8)
+    fxfuse.optimize(model, x)
+    assert _traces(lambda: model(x, scale=None)) == _traces(lambda: capture(_ShapeChecked(), (x,))) == 2
+    assert _traces(lambda: model(x, scale=None)) == 0
+    assert fxfuse.fusion.is_optimized(model) and type(model) is not _ShapeChecked  # put back after the copy

@@ -56,7 +56,7 @@ from .plan import Findings, Options
 from .report import FusionReport, skipped_site
 from .tracing import CallPattern
 
-_STATE = "_fxfuse_state"
+_STATE = tracing.OPTIMIZED_STATE
 
 
 @dataclass

@@ -13,6 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .. import measure
+from . import tracing
 
 
 def propagate(root: nn.Module, graph: fx.Graph, example_inputs: Sequence[Any]) -> dict[fx.Node, Any]:
@@ -25,7 +26,9 @@ def propagate(root: nn.Module, graph: fx.Graph, example_inputs: Sequence[Any]) -
     """
     try:
         with _quiet():
-            gm = fx.GraphModule(measure.meta_copy(root), graph)
+            with tracing.copied_plain(root):
+                copied = measure.meta_copy(root)
+            gm = fx.GraphModule(copied, graph)
             ShapeProp(gm).propagate(*measure.to_meta(example_inputs))
     except Exception:  # noqa: BLE001 - an op without a meta kernel: FakeTensor covers more
         _clear(graph)

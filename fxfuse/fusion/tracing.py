@@ -576,6 +576,30 @@ def trace(
     return second if len(second.leaf_failures) < len(first.leaf_failures) else first
 
 
+# Where install keeps an optimized module's graphs and options: in its own __dict__.
+OPTIMIZED_STATE = "_fxfuse_state"
+
+
+@contextlib.contextmanager
+def copied_plain(root: nn.Module):
+    """While `root` is deep-copied (a meta copy to run a traced graph or find shapes on), its optimized
+    modules copy as their original classes, without their graphs. An optimized module pickles and
+    deep-copies as its original class optimized again, a full optimize per copy, where these copies only
+    serve shapes: a graph built at call time (a new call pattern, hooks, a changed config) traced every
+    optimized module below the root again."""
+    swapped = []
+    for m in root.modules():
+        if OPTIMIZED_STATE in m.__dict__:
+            swapped.append((m, type(m), m.__dict__.pop(OPTIMIZED_STATE)))
+            m.__class__ = getattr(type(m), "_fxfuse_original_class", type(m))
+    try:
+        yield
+    finally:
+        for m, cls, state in swapped:
+            m.__dict__[OPTIMIZED_STATE] = state
+            m.__class__ = cls
+
+
 # How many times a model was traced (each run of the tracer over a root): one `optimize` call
 # traces each captured module once per train/eval mode (tests/test_capture.py).
 trace_count = 0
@@ -595,7 +619,8 @@ def _trace(
     guard.begin(root)
     try:
         if example_inputs is not None:
-            tracer.meta_root = measure.meta_copy(root)
+            with copied_plain(root):
+                tracer.meta_root = measure.meta_copy(root)
         with user_checkpoint.intercepting(tracer, tracer.user_checkpoints), _functions_as_calls(tracer):
             graph = tracer.trace(root, concrete_args=bound or None)
         _unbind_checks(graph, bound)
