@@ -23,6 +23,12 @@
 
 #include "bn_act_elementwise.h"
 
+#if defined(__CUDACC__)
+#define FXFUSE_UNROLL _Pragma("unroll")
+#else
+#define FXFUSE_UNROLL
+#endif
+
 namespace fxfuse::elementwise {
 
 C10_HOST_DEVICE inline float sqrt_(float x) { return ::sqrtf(x); }
@@ -232,14 +238,14 @@ struct alignas(sizeof(T) * V) Pack {
 template <typename A, int V, bool kPixel, bool kBackward>
 struct CoefCache {
   static constexpr int K = kPixel ? V : 1;
-  ChannelCoef<A> coef[K];
-  A k1[kBackward ? K : 1], k2[kBackward ? K : 1];
+  ChannelCoef<A> coef[K] = {};
+  A k1[kBackward ? K : 1] = {}, k2[kBackward ? K : 1] = {};
   int64_t first = -1;
 
   C10_HOST_DEVICE void load(const ChannelParams<A>& p, const A* k, int64_t C, int64_t c0) {
     if (c0 == first) return;
     first = c0;
-#pragma unroll
+    FXFUSE_UNROLL
     for (int j = 0; j < K; ++j) {
       coef[j] = channel_coef(p, c0 + j);
       if constexpr (kBackward) {
@@ -259,7 +265,7 @@ C10_HOST_DEVICE inline void forward_unit(
   cache.load(p, nullptr, 0, c0);
   const Pack<T, V> in = *reinterpret_cast<const Pack<T, V>*>(x + i);
   Pack<T, V> res;
-#pragma unroll
+  FXFUSE_UNROLL
   for (int j = 0; j < V; ++j) {
     const ChannelCoef<A>& k = cache.coef[cache.slot(j)];
     res.v[j] = forward<T, A>(in.v[j], k.mean, k.scale, k.bias, act, act_param);
@@ -279,7 +285,7 @@ C10_HOST_DEVICE inline void grad_input_unit(
   const Pack<T, V> d = *reinterpret_cast<const Pack<T, V>*>(dy + i);
   const Pack<T, V> in = *reinterpret_cast<const Pack<T, V>*>(x + i);
   Pack<T, V> res;
-#pragma unroll
+  FXFUSE_UNROLL
   for (int j = 0; j < V; ++j) {
     const int s = cache.slot(j);
     const ChannelCoef<A>& c = cache.coef[s];

@@ -16,12 +16,6 @@ namespace fxfuse::cuda {
 // Threads per block: a power of two (channel_reduce.cuh's block_merge relies on it).
 constexpr int kThreads = 256;
 
-// Blocks for a grid-stride loop over n elements.
-inline unsigned int grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned int>(std::max<int64_t>(1, std::min<int64_t>(blocks, 1 << 20)));
-}
-
 // Whether every flat offset of an n-element tensor takes the 32-bit index path: unsigned
 // arithmetic and ATen's multiply-shift divider, which requires dividends <= INT32_MAX.
 // Larger tensors take int64_t with plain division.
