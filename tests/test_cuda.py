@@ -339,3 +339,92 @@ def test_timed_waits_for_the_device():
     device_seconds = start.elapsed_time(end) / 1e3
     # launching alone takes microseconds: half the device's time tells the two apart
     assert measure.timed(lambda: torch.cuda._sleep(50_000_000)) >= 0.5 * device_seconds
+
+
+def _launches(fn):
+    """cudaLaunchKernel calls fn makes (the host's launches, as the GPU profile counts them)."""
+    fn()  # warm: lazy initialisation launches nothing of fn's own
+    torch.cuda.synchronize()
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.name.startswith("cudaLaunchKernel"))
+
+
+@needs_gpu
+@needs_cuda_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_cuda_fused_bn_launches_no_more_than_eager(dtype, channels_last):
+    """Per fused BN + activation: statistics, running update and apply in at most 4 launches,
+    the backward in at most 3 (bn_act_kernels.h), as eager's BN + activation."""
+    x, dy, w, b = _cuda_case((8, 64, 14, 14), dtype, channels_last)
+    rm, rv = torch.zeros(64, device="cuda"), torch.ones(64, device="cuda")
+
+    def forward():
+        mean, var, unbiased = torch.ops.fxfuse.bn_stats(x)
+        torch.ops.fxfuse.update_running_stats_(rm, rv, mean, unbiased, 0.1)
+        return torch.ops.fxfuse.bn_act(x, mean, var, w, b, 1e-5, "relu", 0.0)
+
+    mean, var, _ = torch.ops.fxfuse.bn_stats(x)
+    assert _launches(forward) <= 4
+    mask = [True, True, True]
+    assert (
+        _launches(lambda: torch.ops.fxfuse.bn_act_backward(dy, x, mean, var, w, b, 1e-5, "relu", 0.0, True, mask)) <= 3
+    )
+
+
+@needs_gpu
+@needs_cuda_kernels
+@pytest.mark.parametrize("momentum", [0.1, 0.3])
+@pytest.mark.parametrize("running_dtype", [torch.float32, torch.float16], ids=str)
+def test_cuda_running_stats_round_as_eager_native_cuda(momentum, running_dtype):
+    """The running update follows eager's native CUDA batch_norm (cuDNN off) bit for bit, FMA
+    contraction included: batch statistics both sides compute exactly (two values a +- d per
+    channel), so only the update's rounding can differ."""
+    g = torch.Generator().manual_seed(5)
+    C = 40
+    a = torch.randint(-8, 8, (C,), generator=g) / 4
+    d = torch.randint(1, 8, (C,), generator=g) / 8
+    x = torch.stack([a - d, a + d]).view(2, C, 1, 1).to("cuda", running_dtype)
+    rm = torch.randn(C, generator=g).to("cuda", running_dtype)
+    rv = (torch.rand(C, generator=g) + 0.5).to("cuda", running_dtype)
+    want_m, want_v = rm.clone(), rv.clone()
+    with torch.backends.cudnn.flags(enabled=False):
+        torch.nn.functional.batch_norm(x, want_m, want_v, None, None, True, momentum, 1e-5)
+    got_m, got_v = rm.clone(), rv.clone()
+    mean, _, unbiased = torch.ops.fxfuse.bn_stats(x)
+    torch.ops.fxfuse.update_running_stats_(got_m, got_v, mean, unbiased, momentum)
+    assert torch.equal(got_m, want_m) and torch.equal(got_v, want_v)
+
+
+@needs_gpu
+@needs_cuda_kernels
+@pytest.mark.parametrize("shape,channels_last", [((2, 16, 4, 8), False), ((2, 16, 3, 5), True), ((2, 6, 3, 5), True)])
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_cuda_vector_and_scalar_walks_match_generic(shape, channels_last, dtype, misaligned):
+    """The 16-byte vector walks (NCHW with H * W, channels_last with C a multiple of the vector
+    width) and the scalar walk (other sizes, a pointer off 16 bytes) against the generic path."""
+    C = _extension.generic_kernels()
+    x, dy, w, b = _cuda_case(shape, dtype, channels_last, seed=3)
+    if misaligned:
+        flat = torch.empty(x.numel() + 1, dtype=dtype, device="cuda")[1:]
+        n, c, h, wd = x.shape
+        view = flat.view(n, h, wd, c).permute(0, 3, 1, 2) if channels_last else flat.view(x.shape)
+        x = view.copy_(x)
+        assert x.data_ptr() % 16 != 0
+    mean, var, _ = torch.ops.fxfuse.bn_stats(x)
+    for act, p in (("silu", 0.0), ("leaky_relu", 0.1)):
+        torch.testing.assert_close(
+            torch.ops.fxfuse.bn_act(x, mean, var, w, b, 1e-5, act, p),
+            C.bn_act(x, mean, var, w, b, 1e-5, act, p),
+            rtol=TOL[dtype],
+            atol=TOL[dtype],
+        )
+        got = torch.ops.fxfuse.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, True, [True, True, True])
+        want = C.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, True, [True, True, True])
+        for i, (a, e) in enumerate(zip(got, want)):
+            torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=10 * TOL[dtype] if i == 0 else _sum_atol(e, dtype))

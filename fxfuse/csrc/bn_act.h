@@ -3,7 +3,8 @@
 // Conventions used by every implementation (generic ATen and hand-written CPU):
 //  * "channels" is dim 1 of a 4-D input (N, C, H, W); statistics are per channel.
 //  * mean/var are the batch statistics (biased var) or the running statistics;
-//    invstd = 1 / sqrt(var + eps) is always recomputed from var, never stored.
+//    invstd = 1 / sqrt(var + eps) is recomputed from var (the CUDA kernels' C++ entry
+//    points, bn_act_kernels.h, also take it as computed by bn_stats_update).
 //  * statistic tensors use the op-math dtype: the input dtype for float/double,
 //    float32 for half/bfloat16.
 //  * outputs keep the input's memory format (contiguous or channels_last).
@@ -135,5 +136,27 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_elementwise_host_(
     double act_param, bool batch_stats, std::array<bool, 2> output_mask);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats_elementwise_host(const at::Tensor& input);
+
+void update_running_stats_elementwise_host_(
+    at::Tensor& running_mean, at::Tensor& running_var, const at::Tensor& mean,
+    const at::Tensor& unbiased_var, double momentum);
+
+// The entry points a C++ caller uses (bn_act_kernels.h), in op form for the tests:
+// (mean, invstd, var, unbiased_var) with the running statistics updated in place, and the
+// apply / backward kernels given invstd instead of var.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bn_stats_update_elementwise_host(
+    const at::Tensor& input, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, double momentum, double eps);
+
+at::Tensor bn_act_invstd_elementwise_host(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    c10::string_view act, double act_param);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_invstd_elementwise_host(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& invstd, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, c10::string_view act, double act_param,
+    bool batch_stats, std::array<bool, 3> output_mask);
 
 }  // namespace fxfuse

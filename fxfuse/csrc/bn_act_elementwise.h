@@ -158,14 +158,6 @@ C10_HOST_DEVICE inline void backward_terms(
   sum_gxm += g * (static_cast<A>(x) - mean);
 }
 
-// bn_stats in two passes over x, each a per-channel sum in A: sum(x) gives the mean,
-// then sum((x - mean)^2) the variance (no cancellation, unlike sum(x^2) - M mean^2).
-template <typename T, typename A>
-C10_HOST_DEVICE inline A centered_square(T x, A mean) {
-  const A d = static_cast<A>(x) - mean;
-  return d * d;
-}
-
 // Layout of a dense 4-D (N, C, H, W) tensor: contiguous NCHW or channels_last.
 struct Layout {
   int64_t N, C, HW;

@@ -55,6 +55,9 @@ constexpr const char* kBnActBackwardIntoGrad =
     "bn_act_backward_into_grad_(Tensor(a!) grad_out, Tensor input, Tensor mean, Tensor var, "
     "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
     "bool batch_stats, bool[2] output_mask) -> (Tensor grad_weight, Tensor grad_bias)";
+constexpr const char* kUpdateRunningStats =
+    "update_running_stats_(Tensor(a!) running_mean, Tensor(b!) running_var, Tensor mean, "
+    "Tensor unbiased_var, float momentum) -> ()";
 constexpr const char* kGelu = "gelu(Tensor self, *, str approximate='none') -> Tensor";
 constexpr const char* kGeluBackward = "gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor";
 }  // namespace
@@ -73,11 +76,10 @@ TORCH_LIBRARY(fxfuse, m) {
   m.def(kBnActInplace);
   m.def(kBnActBackwardInplace);
   m.def(kBnActBackwardIntoGrad);
-  // The running-statistics update eager's CPU batch_norm makes, from the batch's mean and
-  // unbiased var: what the fused ops' callers apply after the op (ops/batch_norm_act.py).
-  m.def(
-      "update_running_stats_(Tensor(a!) running_mean, Tensor(b!) running_var, Tensor mean, "
-      "Tensor unbiased_var, float momentum) -> ()");
+  // The running-statistics update eager's batch_norm makes on the device (CPU's rounding on
+  // CPU, CUDA's on CUDA), from the batch's mean and unbiased var: what the fused ops'
+  // callers apply after the op (ops/batch_norm_act.py).
+  m.def(kUpdateRunningStats);
   // BatchNorm2d(+activation) that keeps only its input for backward. mean / var: the
   // statistics applied (bn_stats' when batch_stats, else the running ones); unbiased_var:
   // the batch's, for the caller's running-statistics update (the running var otherwise).
@@ -237,6 +239,20 @@ TORCH_LIBRARY(fxfuse_elementwise, m) {
   m.def(kBnActBackwardInplace, &fxfuse::bn_act_backward_elementwise_host_);
   m.def(kBnActBackwardIntoGrad, &fxfuse::bn_act_backward_into_grad_elementwise_host_);
   m.def(kBnStats, &fxfuse::bn_stats_elementwise_host);
+  m.def(kUpdateRunningStats, &fxfuse::update_running_stats_elementwise_host_);
+  m.def(
+      "bn_stats_update(Tensor input, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+      "float momentum, float eps) -> (Tensor mean, Tensor invstd, Tensor var, Tensor unbiased_var)",
+      &fxfuse::bn_stats_update_elementwise_host);
+  m.def(
+      "bn_act_invstd(Tensor input, Tensor mean, Tensor invstd, Tensor? weight, Tensor? bias, "
+      "str act, float act_param) -> Tensor",
+      &fxfuse::bn_act_invstd_elementwise_host);
+  m.def(
+      "bn_act_backward_invstd(Tensor grad_out, Tensor input, Tensor mean, Tensor invstd, "
+      "Tensor? weight, Tensor? bias, str act, float act_param, bool batch_stats, "
+      "bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+      &fxfuse::bn_act_backward_invstd_elementwise_host);
 }
 
 // `import fxfuse._C` runs the registrations above. The module holds only what the tests

@@ -1,27 +1,31 @@
 // CUDA kernels of fxfuse::bn_act_backward and its in-place forms bn_act_backward_
-// (grad_input over the input) and bn_act_backward_into_grad_ (over grad_out), in two
-// passes over x and dy:
-//  1. the per-channel sums of g = dy * act'(z) and of g * (x - mean): a split, coalesced,
+// (grad_input over the input) and bn_act_backward_into_grad_ (over grad_out), and of the
+// backward entry point (bn_act_kernels.h), in three launches:
+//  1. the per-split sums of g = dy * act'(z) and of g * (x - mean): a split, coalesced,
 //     deterministic reduction over every SM (channel_reduce.cuh);
-//  2. grad_input, one thread per element (grid-stride loop), written into the destination
-//     (a fresh tensor, x or dy: each thread reads its element before writing it).
-// g is recomputed in each pass, never stored: no activation-sized temporary. Contiguous
-// NCHW and channels_last inputs of every floating dtype, arithmetic in float for half /
-// bfloat16, 32-bit indexing where the tensor allows; other layouts and empty inputs take the
-// generic path. Per-element math: bn_act_elementwise.h (its host build is tested on CPU).
-#include <ATen/ATen.h>
+//  2. a finalize, one thread per channel, summing the splits in order into grad_weight,
+//     grad_bias and the grad_input coefficients k1 = sum(g) / M, k2 = sum(g * xhat) / M;
+//  3. grad_input, walked in 16-byte vectors where it can be (bn_act_device.h: Walk),
+//     written into the destination (a fresh tensor, x or dy: a unit of both is read
+//     before it is written).
+// Without batch statistics and parameter gradients only the third runs. Coefficients are
+// computed inside the kernels from (mean, var or invstd, weight, bias); g is recomputed in
+// each pass, never stored: no activation-sized temporary. Contiguous NCHW and channels_last
+// inputs of every floating dtype, arithmetic in float for half / bfloat16, 32-bit indexing
+// where the tensor allows; other layouts and empty inputs take the generic path.
+// Per-element math: bn_act_elementwise.h (its host build is tested on CPU).
 #include <ATen/Dispatch.h>
-#include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "../bn_act.h"
-#include "../bn_act_elementwise.h"
-#include "../activation_ops.h"
+#include "../bn_act_device.h"
 #include "../bn_act_host_setup.h"
+#include "../bn_act_kernels.h"
 #include "channel_reduce.cuh"
 
 namespace fxfuse {
@@ -31,80 +35,112 @@ namespace ew = elementwise;
 
 template <typename T, typename A, typename I>
 struct BackwardTerms {
+  using Acc = ew::Sums<A>;
   const T* dy;
   const T* x;
-  const A *mean_of, *scale_of, *bias_of;
+  ew::ChannelParams<A> p;
   Act act;
   A act_param;
-  A mean, scale, bias;
-  __device__ void setup(I c) {
-    mean = mean_of[c];
-    scale = scale_of[c];
-    bias = bias_of[c];
-  }
-  __device__ void operator()(I o, A& sum_g, A& sum_gxm) const {
-    ew::backward_terms<T, A>(dy[o], x[o], mean, scale, bias, act, act_param, sum_g, sum_gxm);
+  ew::ChannelCoef<A> coef;
+  __device__ void setup(I c) { coef = ew::channel_coef(p, c); }
+  __device__ void operator()(I o, Acc& s) const {
+    ew::backward_terms<T, A>(dy[o], x[o], coef.mean, coef.scale, coef.bias, act, act_param, s.a, s.b);
   }
 };
 
-// grad_input may be x or dy (the in-place forms): no __restrict__ on the three.
-template <typename T, typename A, typename I>
+template <typename A>
+__global__ void finalize_backward_kernel(
+    const A* __restrict__ partial, ew::Splits sp, int64_t C, ew::ChannelParams<A> p, ew::BackwardOut<A> o) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c < C) ew::finalize_backward_channel<A>(partial, sp, C, c, p, o);
+}
+
+// dst may be x or dy (the in-place forms): no __restrict__ on the three.
+template <typename T, typename A, typename I, ew::Walk W>
 __global__ void bn_act_backward_input_kernel(
-    const T* dy, const T* x, const A* __restrict__ mean, const A* __restrict__ invstd,
-    const A* __restrict__ scale, const A* __restrict__ bias, const A* __restrict__ k1,
-    const A* __restrict__ k2, bool batch_stats, cuda::ChannelOf<I> channel_of, I n, Act act,
-    A act_param, T* grad_input) {
+    const T* dy, const T* x, T* dst, ew::ChannelParams<A> p, const A* __restrict__ k, int64_t C,
+    bool batch_stats, cuda::UnitChannel<I> channel_of, I units, Act act, A act_param) {
+  constexpr int V = W == ew::Walk::Scalar ? 1 : ew::kVec<T>;
+  constexpr bool kPixel = W == ew::Walk::Pixel;
+  ew::CoefCache<A, V, kPixel, true> cache;
   const I stride = static_cast<I>(blockDim.x) * gridDim.x;
-  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const I c = channel_of(i);
-    const T dyi = dy[i], xi = x[i];
-    const A g = ew::grad_z<T, A>(dyi, xi, mean[c], scale[c], bias[c], act, act_param);
-    grad_input[i] = ew::grad_input<T, A>(
-        g, xi, mean[c], invstd[c], scale[c], batch_stats ? k1[c] : A(0),
-        batch_stats ? k2[c] : A(0), batch_stats);
+  for (I u = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += stride) {
+    ew::grad_input_unit<T, A, V, kPixel>(
+        dy, x, dst, static_cast<int64_t>(u) * V, channel_of(u), p, k, C, batch_stats, cache, act,
+        act_param);
   }
 }
 
-// The parameter gradients; grad_input is written to `dst` when it is defined. dy has the
-// input's dtype and layout.
-std::tuple<at::Tensor, at::Tensor> backward_into(
+template <typename T, typename A, typename I, ew::Walk W>
+void launch_grad_input(
+    const T* dy, const T* x, T* dst, const ew::ChannelParams<A>& p, const A* k, bool batch_stats,
+    const ew::Layout& L, int64_t n, Act act, A act_param) {
+  constexpr int V = W == ew::Walk::Scalar ? 1 : ew::kVec<T>;
+  const int64_t units = n / V;
+  bn_act_backward_input_kernel<T, A, I, W>
+      <<<cuda::walk_blocks(units, L, W, V), cuda::kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+          dy, x, dst, p, k, L.C, batch_stats, cuda::unit_channel<I>(L, W, V), static_cast<I>(units),
+          act, act_param);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename A>
+A* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.mutable_data_ptr<A>() : nullptr;
+}
+
+}  // namespace
+
+template <>
+std::tuple<at::Tensor, at::Tensor> CudaKernels::backward(
     const at::Tensor& dy, const at::Tensor& input, const ew::Layout& L, const at::Tensor& mean,
-    const at::Tensor& var, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps, Act a, double act_param, bool batch_stats,
-    bool need_weight, bool need_bias, const at::Tensor& dst) {
+    const at::Tensor& spread, bool spread_is_var, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, Act act, double act_param,
+    bool batch_stats, bool need_weight, bool need_bias, const at::Tensor& dst) {
   const c10::cuda::CUDAGuard guard(input.device());
-  const auto cf = ew::coefficients(input, mean, var, weight, bias, eps);
-  const int64_t n = input.numel(), M = L.N * L.HW;
+  const auto acc = input.options().dtype(stats_dtype(input.scalar_type()));
+  const int64_t C = L.C, n = input.numel();
   const bool need_input = dst.defined();
-  const bool need_sums = need_weight || need_bias || (need_input && batch_stats);
+  const at::Tensor grad_weight = ew::grad_buffer(weight, need_weight, acc, C);
+  const at::Tensor grad_bias = ew::grad_buffer(bias, need_bias, acc, C);
+  const at::Tensor k = need_input && batch_stats ? at::empty({2, C}, acc) : at::Tensor();
+  const bool need_sums = grad_weight.defined() || grad_bias.defined() || k.defined();
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  ew::BackwardSums sums;
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "fxfuse::bn_act_backward_cuda", [&] {
         using A = at::opmath_type<scalar_t>;
-        const A p = static_cast<A>(act_param);
+        const ew::HeldParams<A> held(input, mean, spread, spread_is_var, weight, bias, eps);
+        const A ap = static_cast<A>(act_param);
+        const scalar_t* x = input.const_data_ptr<scalar_t>();
+        const scalar_t* d = dy.const_data_ptr<scalar_t>();
         auto run = [&](auto index) {
           using I = decltype(index);
           if (need_sums) {
-            auto [sum_g, sum_gxm] = cuda::channel_sums<A, I>(
-                BackwardTerms<scalar_t, A, I>{
-                    dy.const_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
-                    cf.mean.const_data_ptr<A>(), cf.scale.const_data_ptr<A>(),
-                    cf.bias.const_data_ptr<A>(), a, p, A(0), A(0), A(0)},
-                L, cf.mean.options());
-            sums = ew::backward_sums(sum_g, sum_gxm, cf, M, batch_stats);
+            const ew::Splits sp = cuda::device_splits(L);
+            const at::Tensor partial = at::empty({sp.count, 2, C}, acc);
+            A* part = partial.mutable_data_ptr<A>();
+            cuda::channel_partials<A, I>(
+                BackwardTerms<scalar_t, A, I>{d, x, held.params, act, ap, {}}, L, sp, part);
+            const ew::BackwardOut<A> o{
+                ptr_or_null<A>(grad_weight), ptr_or_null<A>(grad_bias), ptr_or_null<A>(k)};
+            finalize_backward_kernel<A><<<cuda::channel_blocks(C), cuda::kThreads, 0, stream>>>(
+                part, sp, C, held.params, o);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
           }
           if (need_input) {
-            bn_act_backward_input_kernel<scalar_t, A, I>
-                <<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
-                    dy.const_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
-                    cf.mean.const_data_ptr<A>(), cf.invstd.const_data_ptr<A>(),
-                    cf.scale.const_data_ptr<A>(), cf.bias.const_data_ptr<A>(),
-                    batch_stats ? sums.k1.const_data_ptr<A>() : nullptr,
-                    batch_stats ? sums.k2.const_data_ptr<A>() : nullptr, batch_stats,
-                    cuda::ChannelOf<I>(L), static_cast<I>(n), a, p,
-                    dst.mutable_data_ptr<scalar_t>());
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            scalar_t* g = dst.mutable_data_ptr<scalar_t>();
+            const A* kp = k.defined() ? k.const_data_ptr<A>() : nullptr;
+            switch (ew::choose_walk<scalar_t>(L, d, x, g)) {
+              case ew::Walk::Plane:
+                launch_grad_input<scalar_t, A, I, ew::Walk::Plane>(d, x, g, held.params, kp, batch_stats, L, n, act, ap);
+                break;
+              case ew::Walk::Pixel:
+                launch_grad_input<scalar_t, A, I, ew::Walk::Pixel>(d, x, g, held.params, kp, batch_stats, L, n, act, ap);
+                break;
+              case ew::Walk::Scalar:
+                launch_grad_input<scalar_t, A, I, ew::Walk::Scalar>(d, x, g, held.params, kp, batch_stats, L, n, act, ap);
+                break;
+            }
           }
         };
         if (cuda::fits_32bit(n)) {
@@ -113,42 +149,18 @@ std::tuple<at::Tensor, at::Tensor> backward_into(
           run(static_cast<int64_t>(0));
         }
       });
-  return ew::parameter_grads(sums, weight, bias, need_weight, need_bias);
+  return {ew::in_param_dtype(grad_weight, weight), ew::in_param_dtype(grad_bias, bias)};
 }
 
-// Whether the kernels take this call: a dense layout they index, a non-empty input, and a
-// grad_out of the input's sizes on its device.
-std::optional<ew::Layout> kernel_layout(const at::Tensor& grad_out, const at::Tensor& input) {
-  const auto layout = ew::layout_of(input);
-  if (!layout || input.numel() == 0 || !grad_out.defined() ||
-      grad_out.device() != input.device() || grad_out.sizes() != input.sizes()) {
-    return std::nullopt;
-  }
-  return layout->first;
-}
-
-at::Tensor dy_like(const at::Tensor& grad_out, const at::Tensor& input) {
-  return grad_out.to(input.scalar_type()).contiguous(input.suggest_memory_format());
-}
+namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 3> output_mask) {
-  checks::bn_args(input, mean, var, weight, bias, "bn_act_backward");
-  const Act a = parse_act(act);
-  const auto L = kernel_layout(grad_out, input);
-  if (!L) {
-    return bn_act_backward_generic(
-        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
-        output_mask);
-  }
-  at::Tensor grad_input = output_mask[0] ? at::empty_like(input) : at::Tensor();
-  auto [grad_weight, grad_bias] = backward_into(
-      dy_like(grad_out, input), input, *L, mean, var, weight, bias, eps, a, act_param,
-      batch_stats, output_mask[1], output_mask[2], grad_input);
-  return {grad_input, grad_weight, grad_bias};
+  return ew::bn_act_backward_op<CudaKernels>(
+      grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, output_mask);
 }
 
 std::tuple<at::Tensor, at::Tensor> bn_act_backward_cuda_(
@@ -156,19 +168,9 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_cuda_(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 2> output_mask) {
-  checks::bn_args(input, mean, var, weight, bias, "bn_act_backward_");
-  const Act a = parse_act(act);
-  const auto L = kernel_layout(grad_out, input);
-  if (!L) {
-    return bn_act_backward_generic_(
-        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
-        output_mask);
-  }
-  const at::Tensor dy = dy_like(grad_out, input);
-  at::assert_no_partial_overlap(dy, input);
-  return backward_into(
-      dy, input, *L, mean, var, weight, bias, eps, a, act_param, batch_stats, output_mask[0],
-      output_mask[1], input);
+  return ew::bn_act_backward_op_<CudaKernels>(
+      grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, output_mask,
+      false);
 }
 
 std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_cuda_(
@@ -176,21 +178,9 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_cuda_(
     const at::Tensor& var, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, c10::string_view act,
     double act_param, bool batch_stats, std::array<bool, 2> output_mask) {
-  checks::bn_args(input, mean, var, weight, bias, "bn_act_backward_into_grad_");
-  const Act a = parse_act(act);
-  const auto L = kernel_layout(grad_out, input);
-  // Truly in place when grad_out already has the input's dtype and layout (the kernels
-  // read it as dy); otherwise the generic form (grad_input, then a copy over grad_out).
-  if (!L || grad_out.scalar_type() != input.scalar_type() ||
-      !grad_out.is_contiguous(input.suggest_memory_format())) {
-    return bn_act_backward_into_grad_generic_(
-        grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats,
-        output_mask);
-  }
-  at::assert_no_partial_overlap(grad_out, input);
-  return backward_into(
-      grad_out, input, *L, mean, var, weight, bias, eps, a, act_param, batch_stats,
-      output_mask[0], output_mask[1], grad_out);
+  return ew::bn_act_backward_op_<CudaKernels>(
+      grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, output_mask,
+      true);
 }
 
 }  // namespace

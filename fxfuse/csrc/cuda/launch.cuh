@@ -6,19 +6,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 
+#include "../bn_act_device.h"
 #include "../bn_act_elementwise.h"
 
 namespace fxfuse::cuda {
 
-// Threads per block of the elementwise kernels: a power of two (block_sum relies on it).
+// Threads per block: a power of two (channel_reduce.cuh's block_merge relies on it).
 constexpr int kThreads = 256;
-
-// Blocks for a grid-stride loop over n elements.
-inline unsigned int grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned int>(std::max<int64_t>(1, std::min<int64_t>(blocks, 1 << 20)));
-}
 
 // Whether every flat offset of an n-element tensor takes the 32-bit index path: unsigned
 // arithmetic and ATen's multiply-shift divider, which requires dividends <= INT32_MAX.
@@ -41,18 +37,41 @@ struct ChannelOf {
   }
 };
 
-// Sum of v over the kThreads threads of the block, in a fixed order (deterministic);
-// the result is valid in thread 0. Every thread of the block must call it.
-template <typename A>
-__device__ inline A block_sum(A v, A* shared /* kThreads elements */) {
-  __syncthreads();  // a previous block_sum's readers are done with `shared`
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (static_cast<int>(threadIdx.x) < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
+// The elementwise kernels' walk (bn_act_device.h): units of V elements (1 for
+// Walk::Scalar), about kUnitsPerThread per thread in a grid-stride loop.
+constexpr int64_t kUnitsPerThread = 4;
+
+// The first channel of unit u, in index type I.
+template <typename I>
+struct UnitChannel {
+  ChannelOf<I> of;
+  I times;
+
+  __device__ __forceinline__ I operator()(I u) const { return of(u) * times; }
+};
+
+// Plane: V elements of one channel per unit, so H * W / V units per plane; Pixel: V
+// consecutive channels per unit, C / V units per pixel.
+template <typename I>
+inline UnitChannel<I> unit_channel(const elementwise::Layout& L, elementwise::Walk w, int V) {
+  elementwise::Layout u = L;
+  if (w == elementwise::Walk::Plane) u.HW = L.HW / V;
+  if (w == elementwise::Walk::Pixel) u.C = L.C / V;
+  return {ChannelOf<I>(u), static_cast<I>(w == elementwise::Walk::Pixel ? V : 1)};
+}
+
+// Blocks for the walk over `units`. With the Pixel walk, a multiple of the C / V units of a
+// pixel over gcd(C / V, kThreads): the grid's stride is then a multiple of C / V, each
+// thread meets the same channels at every step and computes their coefficients once.
+inline unsigned int walk_blocks(int64_t units, const elementwise::Layout& L, elementwise::Walk w, int V) {
+  const int64_t per_block = kThreads * kUnitsPerThread;
+  int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((units + per_block - 1) / per_block, 1 << 20));
+  if (w == elementwise::Walk::Pixel) {
+    const int64_t period = L.C / V;
+    const int64_t m = period / std::gcd(period, static_cast<int64_t>(kThreads));
+    blocks = (blocks + m - 1) / m * m;
   }
-  return shared[0];
+  return static_cast<unsigned int>(blocks);
 }
 
 }  // namespace fxfuse::cuda
