@@ -397,3 +397,21 @@ def test_convnext_blocks_free_under_autocast_what_they_free_in_float32(mode):
 
 def test_convnext_blocks_train_like_eager_autocast():
     assert_trains_like_eager_autocast(_convnext_like(), torch.randn(2, 3, 16, 16))
+
+
+def test_convnext_blocks_under_torch_compile_and_autocast():
+    # The fake kernels give the autocast form's dtypes (the linear in the weight's, a float32 scale
+    # promoting), so AOTAutograd traces the Autocast kernels' calls.
+    torch._dynamo.reset()
+    model = _convnext_like()
+    fused = fxfuse.optimize(copy.deepcopy(model), torch.randn(2, 3, 16, 16), mode="memory")
+    compiled = torch.compile(fused, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.autocast("cpu", dtype=BF16):
+        out, ref = compiled(x), model(x)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, **OUT_TOL)
+    out.float().sum().backward()
+    ref.float().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), fused.parameters()):
+        assert _rel_err(q.grad, p.grad) < 3e-2, name
