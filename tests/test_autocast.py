@@ -13,6 +13,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from support.autocast_training import assert_trains_like_eager_autocast
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -211,4 +212,206 @@ def test_torch_compile_under_autocast():
     out.float().sum().backward()
     ref.float().sum().backward()
     for (name, p), q in zip(eager.named_parameters(), fused.parameters()):
+        assert _rel_err(q.grad, p.grad) < 3e-2, name
+
+
+# --------------------------------------------------------------------------- the linear-holding ops
+# layer_norm_linear, conv_layer_norm_linear, act_linear (any input dtype) and act_linear_scale serve
+# autocast with eager's casts (csrc/autocast/layer_autocast.cpp): eager's output and every gradient
+# bit for bit, bfloat16 and float16, with only the input (or the conv's cast input) kept.
+
+C = 16
+
+
+def _ln_linear(x, lw, lb, w, b):
+    return F.linear(F.layer_norm(x, [C], lw, lb, 1e-6), w, b)
+
+
+def _conv_ln_linear(x, cw, cb, lw, lb, w, b):
+    return _ln_linear(F.conv2d(x, cw, cb, 1, 3, 1, C).permute(0, 2, 3, 1), lw, lb, w, b)
+
+
+def _act_linear(h, w, b):
+    return F.linear(F.gelu(h), w, b)
+
+
+def _act_linear_scale(h, w, b, s):
+    return F.linear(F.gelu(h), w, b) * s
+
+
+def _low(x):
+    """x as a low-precision layer's output is under autocast: in the autocast dtype (outside, as it is)."""
+    return x.to(torch.get_autocast_dtype("cpu")) if torch.is_autocast_enabled("cpu") else x
+
+
+def _cases():
+    torch.manual_seed(0)
+    x, h, xi = torch.randn(2, 5, 5, C), torch.randn(2, 5, 5, 4 * C), torch.randn(2, C, 6, 6)
+    lw, lb = torch.rand(C) + 0.5, torch.randn(C)
+    w, b, w2, b2, s = (
+        torch.randn(4 * C, C) / 4,
+        torch.randn(4 * C),
+        torch.randn(C, 4 * C) / 8,
+        torch.randn(C),
+        torch.rand(C),
+    )
+    cw, cb = torch.randn(C, 1, 7, 7) / 7, torch.randn(C)
+    ops_ = fxfuse.ops
+    return {
+        "layer_norm_linear": (
+            "layer_norm_linear", lambda x, lw, lb, w, b: ops_.layer_norm_linear(x, [C], lw, lb, 1e-6, w, b),
+            _ln_linear, (x, lw, lb, w, b), False,
+        ),
+        "layer_norm_linear_low_input": (
+            "layer_norm_linear", lambda x, lw, lb, w, b: ops_.layer_norm_linear(_low(x), [C], lw, lb, 1e-6, w, b),
+            lambda x, *a: _ln_linear(_low(x), *a), (x, lw, lb, w, b), True,
+        ),
+        "conv_layer_norm_linear": (
+            "conv_layer_norm_linear",
+            lambda x, cw, cb, lw, lb, w, b: ops_.conv_layer_norm_linear(
+                x, cw, cb, 1, 3, 1, C, [C], lw, lb, 1e-6, w, b
+            ),
+            _conv_ln_linear, (xi, cw, cb, lw, lb, w, b), True,
+        ),
+        "act_linear": ("act_linear", lambda h, w, b: ops_.act_linear(h, w, b, "gelu"), _act_linear, (h, w2, b2), False),
+        "act_linear_scale": (
+            "act_linear_scale", lambda h, w, b, s: ops_.act_linear_scale(h, w, b, s, "gelu"),
+            _act_linear_scale, (h, w2, b2, s), False,
+        ),
+        "act_linear_scale_low_input": (
+            "act_linear_scale", lambda h, w, b, s: ops_.act_linear_scale(_low(h), w, b, s, "gelu"),
+            lambda h, *a: _act_linear_scale(_low(h), *a), (h, w2, b2, s), True,
+        ),
+    }  # fmt: skip
+
+
+def _step(fn, tensors, grad_seed, dtype):
+    """fn's output and gradients (in every tensor) under CPU autocast (`dtype`; None: float64, no autocast)."""
+    leaves = [t.detach().clone().double() if dtype is None else t.detach().clone() for t in tensors]
+    leaves = [t.requires_grad_() for t in leaves]
+    with torch.autocast("cpu", dtype=dtype or BF16, enabled=dtype is not None):
+        out = fn(*leaves)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed)).to(out.dtype)
+    return out, torch.autograd.grad(out, leaves, grad)
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", list(_cases()))
+def test_linear_ops_are_eager_autocast(case, dtype):
+    op, fused, eager, tensors, kept_low = _cases()[case]
+    counter = OpCounter()
+    saved = []
+    with counter, torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out, grads = _step(fused, tensors, 1, dtype)
+    assert f"fxfuse.{op}" in counter.names and f"fxfuse.{op}_backward" in counter.names, counter.names
+    ref, ref_grads = _step(eager, tensors, 1, dtype)
+    assert out.dtype == ref.dtype and torch.equal(out, ref)
+    for got, want in zip(grads, ref_grads):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    # Kept: the input (as autocast leaves it or casts it) and parameters, no activation of its own.
+    first = tensors[0]
+    wide = [t for t in saved if t.dim() == first.dim() and t.numel() >= first.numel()]
+    assert [(tuple(t.shape), t.dtype) for t in wide] == [(tuple(first.shape), dtype if kept_low else first.dtype)]
+    # Accuracy against float64: eager's (the same bits).
+    exact, exact_grads = _step(eager, tensors, 1, None)
+    assert _rel_err(out, exact) <= _rel_err(ref, exact)
+    for got, want, e in zip(grads, ref_grads, exact_grads):
+        assert _rel_err(got, e) <= _rel_err(want, e)
+
+
+@pytest.mark.parametrize("op", ["act_linear", "layer_norm_linear", "act_linear_scale"])
+def test_float64_input_with_float32_weight_raises_eagers_error(op):
+    # Autocast leaves float64 alone and casts the weight: eager's F.linear rejects the pair, and so
+    # do the wrappers and the ops' Autocast kernels (through eager's composition).
+    x, w, s = torch.randn(3, C, dtype=torch.double), torch.randn(4, C), torch.rand(4)
+    calls = {
+        "act_linear": (
+            lambda: fxfuse.ops.act_linear(x, w, None, "gelu"),
+            lambda: torch.ops.fxfuse.act_linear(x, w, None, "gelu", 0.0),
+        ),
+        "layer_norm_linear": (
+            lambda: fxfuse.ops.layer_norm_linear(x, [C], None, None, 1e-5, w),
+            lambda: torch.ops.fxfuse.layer_norm_linear(x, [C], None, None, 1e-5, w, None),
+        ),
+        "act_linear_scale": (
+            lambda: fxfuse.ops.act_linear_scale(x, w, None, s, "gelu"),
+            lambda: torch.ops.fxfuse.act_linear_scale(x, w, None, s, "gelu", 0.0),
+        ),
+    }[op]  # fmt: skip
+    with torch.autocast("cpu", dtype=BF16):
+        with pytest.raises(RuntimeError) as eager:
+            F.linear(x, w)
+        for call in calls:
+            with pytest.raises(type(eager.value), match="dtype"):
+                call()
+
+
+@pytest.mark.parametrize("pool", ["max_pool2d", "avg_pool2d"])
+def test_pooling_serves_autocast(pool):
+    # Pooling is on no autocast list: the op runs on the low-precision input as eager does.
+    x = torch.randn(2, 4, 6, 6).to(BF16).requires_grad_()
+    counter = OpCounter()
+    with torch.autocast("cpu", dtype=BF16), counter:
+        out = getattr(fxfuse.ops, pool)(x, 2)
+    assert f"fxfuse.{pool}" in counter.names
+    with torch.autocast("cpu", dtype=BF16):
+        ref = getattr(F, pool)(x, 2)
+    assert out.dtype == ref.dtype == BF16 and torch.equal(out, ref)
+    grad = torch.randn_like(ref)
+    assert torch.equal(torch.autograd.grad(out, x, grad)[0], torch.autograd.grad(ref, x, grad)[0])
+
+
+def _convnext_like():
+    from torchvision.models.convnext import CNBlock
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, C, 4, 4), CNBlock(C, 1e-6, 0.0), CNBlock(C, 1e-6, 0.0))
+
+
+def _activation_bytes(model, shape):
+    """Saved bytes at twice the batch minus at the batch: what does not grow with the batch (the
+    weights' autocast copies) cancels."""
+    x, x2 = torch.randn(*shape), torch.randn(2 * shape[0], *shape[1:])
+    return measure.saved_activation_bytes(model, (x2,)) - measure.saved_activation_bytes(model, (x,))
+
+
+@pytest.mark.parametrize("mode", ["fast", "memory"])
+def test_convnext_blocks_free_under_autocast_what_they_free_in_float32(mode):
+    model = _convnext_like()
+    shape = (2, 3, 16, 16)
+    fused = fxfuse.optimize(copy.deepcopy(model), torch.randn(*shape), mode=mode)
+    freed, ops_run = {}, {}
+    for amp in (False, True):
+        counter = OpCounter()
+        with torch.autocast("cpu", dtype=BF16, enabled=amp):
+            freed[amp] = _activation_bytes(model, shape) - _activation_bytes(fused, shape)
+            with counter:
+                fused(torch.randn(*shape))
+        ops_run[amp] = sorted(n for n in counter.names if n.startswith("fxfuse."))
+    assert ops_run[True] == ops_run[False] and "fxfuse.act_linear_scale" in ops_run[True], ops_run
+    # Every tensor float32's plan frees is freed under autocast, where it is a bfloat16 tensor, but for
+    # the layer norms' statistics (mean and rstd, one per position), which stay float32: 2 blocks.
+    stats = 2 * 2 * (shape[0] * 4 * 4) * 4
+    assert freed[False] > 0 and freed[True] * 2 == freed[False] + stats, freed
+
+
+def test_convnext_blocks_train_like_eager_autocast():
+    assert_trains_like_eager_autocast(_convnext_like(), torch.randn(2, 3, 16, 16))
+
+
+def test_convnext_blocks_under_torch_compile_and_autocast():
+    # The fake kernels give the autocast form's dtypes (the linear in the weight's, a float32 scale
+    # promoting), so AOTAutograd traces the Autocast kernels' calls.
+    torch._dynamo.reset()
+    model = _convnext_like()
+    fused = fxfuse.optimize(copy.deepcopy(model), torch.randn(2, 3, 16, 16), mode="memory")
+    compiled = torch.compile(fused, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.autocast("cpu", dtype=BF16):
+        out, ref = compiled(x), model(x)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, **OUT_TOL)
+    out.float().sum().backward()
+    ref.float().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), fused.parameters()):
         assert _rel_err(q.grad, p.grad) < 3e-2, name

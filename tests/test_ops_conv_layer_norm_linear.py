@@ -86,12 +86,14 @@ def test_keeps_only_the_conv_input():
     assert activations == {tensors[0].untyped_storage().data_ptr()}
 
 
-def test_autocast_runs_eagers_composition():
+def test_autocast_is_eager_autocast():
+    # The op runs under autocast (tests/test_autocast.py checks its gradients and what it keeps).
     tensors, groups, padding = _inputs(torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = _call(conv_layer_norm_linear, tensors, groups, padding)
         ref = _call(_eager, tensors, groups, padding)
     assert out.dtype == ref.dtype and torch.equal(out, ref)
+    assert out.grad_fn.name().endswith("conv_layer_norm_linear_defaultBackward")
 
 
 def test_direct_call_under_autocast_matches_eager_autocast():

@@ -156,8 +156,8 @@ def test_layer_norm_over_two_dims_runs_the_composition():
 
 @pytest.mark.parametrize("input_dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_autocast_is_eager_autocast(input_dtype):
-    # Eager rounds the float32 layer norm output to bfloat16 for the linear: the composition runs,
-    # through the wrapper and through the op's Autocast kernel alike.
+    # Eager rounds the layer norm output to bfloat16 for the linear; the op makes the same cast
+    # (forward and backward), through the wrapper and through the op's Autocast kernel alike.
     x, ln_w, ln_b, w, b = _inputs((4,), c=16, out=8, dtype=torch.float32)
     x = x.detach().to(input_dtype).requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -129,3 +129,23 @@ def test_recomputing_is_what_a_site_costs_in_flops():
         fused = fxfuse.explain(model, x, mode=mode).fused
         assert fused and all(s.recomputes == (s.recompute_flops > 0) for s in fused), (mode, fused)
     assert {s.op for s in fxfuse.explain(model, x).fused if s.recomputes} >= {"fxfuse::conv_bn_act", "fxfuse::conv_act"}
+
+
+def test_sites_that_may_not_save_under_autocast_are_named_there():
+    bn_conv = SiteData(("b5", "r5"), ("batch_norm2d", "relu"), "fxfuse::bn_act_conv", "relu", False, 8, 0, "", "memory")
+    cat = SiteData(("cat",), ("cat",), "fxfuse::cat_bn_act_conv", "", False, 16, 0, "", "memory")
+    found = _found()
+    found.sites.extend([bn_conv, cat])
+    report = render("memory", found)
+    assert [s.under_autocast != "" for s in report.fused] == [False] * 4 + [True, True]
+    assert "batch_norm_act, then the conv" in report.fused[4].under_autocast
+    assert "not the concatenation's pieces" in report.fused[5].under_autocast
+    assert report.to_dict()["fused"][4]["under_autocast"] == report.fused[4].under_autocast
+    assert not any("autocast" in n for n in report.notes)  # made outside autocast: no note
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        report = render("memory", found)
+    (note,) = [n for n in report.notes if "autocast" in n]
+    assert note.startswith("under torch.autocast, 2 fused site(s) may not save") and "b5 + r5, cat" in note
+    found.sites[4:] = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not any("autocast" in n for n in render("memory", found).notes)

@@ -128,6 +128,47 @@ inline at::Tensor act_linear(
   return linear_family(op, input, weight, bias, act, act_param);
 }
 
+inline at::Tensor act_linear_scale(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& scale, c10::string_view act, double act_param) {
+  using Fn = at::Tensor(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+      c10::string_view, double);
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::act_linear_scale", "").typed<Fn>();
+  return op.call(input, weight, bias, scale, act, act_param);
+}
+
+inline at::Tensor layer_norm_linear(
+    const at::Tensor& input, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& ln_weight, const std::optional<at::Tensor>& ln_bias,
+    double eps, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  using Fn = at::Tensor(
+      const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, double, const at::Tensor&, const std::optional<at::Tensor>&);
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fxfuse::layer_norm_linear", "").typed<Fn>();
+  return op.call(input, normalized_shape, ln_weight, ln_bias, eps, weight, bias);
+}
+
+inline at::Tensor conv_layer_norm_linear(
+    const at::Tensor& input, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& ln_weight,
+    const std::optional<at::Tensor>& ln_bias, double eps, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias) {
+  using Fn = at::Tensor(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
+      at::IntArrayRef, at::IntArrayRef, int64_t, at::IntArrayRef, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, double, const at::Tensor&, const std::optional<at::Tensor>&);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fxfuse::conv_layer_norm_linear", "")
+                       .typed<Fn>();
+  return op.call(
+      input, conv_weight, conv_bias, stride, padding, dilation, groups, normalized_shape, ln_weight,
+      ln_bias, eps, weight, bias);
+}
+
 inline at::Tensor conv2d(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {

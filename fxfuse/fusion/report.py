@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+import torch
 from tabulate import tabulate
 
 from .plan import Choice, Findings, Plan, RegionChoice, SiteData, Skip, site_in_region
@@ -48,6 +49,9 @@ class FusedSite:
     merged_into: str = ""
     recompute_bytes: Optional[int] = None  # bytes a rebuild moves in backward (a copy, no FLOPs: passes/cat_input.py)
     recomputes: bool = False  # recomputes a conv or linear layer in backward
+    # What the site does under torch.autocast where that differs from float32 (each call decides, at run
+    # time: fxfuse/ops); empty where it serves autocast with eager's casts and saves what it saves in float32.
+    under_autocast: str = ""
 
     @property
     def name(self) -> str:
@@ -163,7 +167,43 @@ def render(
     if choice is not None:
         _say_choice(report, choice)
     report.notes.extend(notes)
+    if any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda")):
+        note = autocast_note(report.fused)
+        if note:
+            report.notes.append(note)
     return report
+
+
+# The ops whose calls may not run fused under torch.autocast, and when (the other ops serve every
+# autocast call on CPU and CUDA that eager accepts: csrc/autocast/layer_autocast.cpp).
+_UNDER_AUTOCAST = {
+    "bn_act_conv": (
+        "runs as batch_norm_act, then the conv, where its input is not in the autocast dtype (the conv "
+        "would read a cast copy of the activation output, which the op does not make)"
+    ),
+}
+_CAT_UNDER_AUTOCAST = "keeps its input (or the cast copy autocast makes), not the concatenation's pieces"
+
+
+def under_autocast(op: str) -> str:
+    """What a site running fxfuse::`op` does under torch.autocast where that differs from float32."""
+    name = op.removeprefix("fxfuse::")
+    if name.startswith("cat_"):
+        return _CAT_UNDER_AUTOCAST
+    return _UNDER_AUTOCAST.get(name, "")
+
+
+def autocast_note(fused: list[FusedSite]) -> Optional[str]:
+    """The note for a report made under torch.autocast: the sites that may not save there what they
+    save in float32, and why."""
+    differ = [s for s in fused if s.under_autocast]
+    if not differ:
+        return None
+    names = ", ".join(s.name for s in differ[:3]) + (", ..." if len(differ) > 3 else "")
+    reasons = "; ".join(sorted({f"{s.op}: {s.under_autocast}" for s in differ}))
+    return (
+        f"under torch.autocast, {len(differ)} fused site(s) may not save what they save in float32 ({names}): {reasons}"
+    )
 
 
 def _fused(site: SiteData, mode: str, choice: Optional[Choice]) -> FusedSite:
@@ -179,6 +219,7 @@ def _fused(site: SiteData, mode: str, choice: Optional[Choice]) -> FusedSite:
         site.merged_into,
         site.recompute_bytes,
         site.recomputes,
+        under_autocast(site.op),
     )
     if choice is None:
         return fused

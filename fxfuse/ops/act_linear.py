@@ -6,10 +6,12 @@ gradient; the op keeps only the input and recomputes the activation (one pointwi
 the weight gradient. In a transformer or ConvNeXt MLP (Linear → GELU → Linear) that is the
 4×-wide GELU output, for no matmul recomputed.
 
-Under torch.autocast (CPU, CUDA) it casts its operands as autocast casts F.linear (its
-Autocast kernel, csrc/autocast/). Calls the fused op cannot serve exactly (mixed dtypes or
-devices, tensor subclasses, shapes F.linear rejects, ...) run the eager composition instead,
-so bad input raises exactly what eager raises. The fake kernel runs aten::linear's own meta
+Under torch.autocast (CPU, CUDA) it casts as autocast casts F.linear (its Autocast kernel,
+csrc/autocast/): the weight and bias; the activation runs in the input's dtype, as eager's does,
+and the op casts its output for the linear (and again in backward), keeping the uncast input.
+Calls the fused op cannot serve exactly (mixed dtypes or devices, tensor subclasses, shapes
+F.linear rejects, ...) run the eager composition instead, so bad input raises exactly what
+eager raises. The fake kernel runs aten::linear's own meta
 function.
 """
 
@@ -39,6 +41,12 @@ def eager(input, weight, bias, *, act, act_param):
     return F.linear(apply_activation(input, act, act_param), weight, bias)
 
 
+def composition(input, weight, bias, *, act, act_param):
+    """What the op computes, for its double backward: the activation's output cast to the linear's
+    dtype where they differ (the autocast form the Autocast kernels call it in)."""
+    return F.linear(apply_activation(input, act, act_param).to(weight.dtype), weight, bias)
+
+
 def register() -> None:
     """Fake kernels and autograd of fxfuse::act_linear (fxfuse._C defines the op)."""
-    register_linear_op("act_linear", eager)
+    register_linear_op("act_linear", composition, casts_input=True)

@@ -5,8 +5,12 @@ bias) * scale` with one scale per output feature (a LayerScale). Eager's multipl
 linear's output for the scale's gradient; the op keeps only input, weight, bias and scale and
 gets that gradient from the weight gradient's product.
 
-Under autocast, or with a scale of another dtype or device (type promotion), it is eager's
-composition, as it is for every call the fused op cannot serve exactly (act_linear.py).
+Under torch.autocast (CPU, CUDA) its Autocast kernels cast as act_linear's do and the op
+multiplies by the scale as eager does (type promotion: a float32 scale gives a float32
+result); its backward is then eager's, recomputing the linear's output for the scale's
+gradient (generic/act_linear_scale.cpp). Outside autocast, a scale of another dtype or device
+(type promotion) gets eager's composition, as does every call the fused op cannot serve exactly
+(act_linear.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch import Tensor
 
 from . import compiled
 from .act_linear import act_linear
+from .act_linear import composition as act_linear_composition
 from .act_linear import eager as _act_linear_eager
 from .autograd_kernel import register_autograd
 from .checks import autocast_on, check_act, check_linear, linear_fusable, plain
@@ -38,16 +43,14 @@ def act_linear_scale(
     keeping only input, weight, bias and scale for backward (eager's multiply keeps the linear's
     output for the scale's gradient; the op gets that gradient from the weight gradient's product).
 
-    Under autocast, or with a scale of another dtype or device (type promotion), it is eager's
-    composition."""
+    Outside autocast, a scale of another dtype or device (type promotion) gets eager's composition."""
     check_act(act)
     if (
         linear_fusable(input, weight, bias)
         and plain(scale)
-        and not autocast_on(input.device.type)
         and scale.dim() == 1
         and scale.shape[0] == weight.shape[0]
-        and scale.dtype == input.dtype
+        and (scale.dtype == input.dtype or (autocast_on(input.device.type) and scale.is_floating_point()))
         and scale.device == input.device
     ):
         if compiled.composing():  # under torch.compile with the compositions: act_linear's, then the multiply
@@ -67,7 +70,7 @@ def _fake(input, weight, bias, scale, act, act_param):
     check_linear(input, weight, bias, "act_linear_scale")
     _check_scale(weight, scale, "act_linear_scale")
     check_act(act)
-    return torch.ops.aten.linear.default(input, weight, bias)
+    return torch.ops.aten.mul.Tensor(torch.ops.aten.linear.default(input.to(weight.dtype), weight, bias), scale)
 
 
 def _backward_fake(grad_out, input, weight, bias, scale, act, act_param, output_mask):
@@ -95,7 +98,7 @@ def _bwd(ctx, grad_out):
     if differentiating(grad_out, input, weight, bias, scale):
 
         def compose(x, w, b, s):
-            return _act_linear_eager(x, w, b, act=act, act_param=act_param) * s
+            return act_linear_composition(x, w, b, act=act, act_param=act_param) * s
 
         grads = composed_gradients(compose, (input, weight, bias, scale), mask, grad_out)
     else:

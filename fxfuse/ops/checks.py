@@ -30,6 +30,9 @@ IntPair = Union[int, Sequence[int]]
 AUTOCAST_DEVICES = ("cpu", "cuda")
 _AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts (not float64)
 _REDUCED = (torch.float16, torch.bfloat16)
+# Device types whose autocast runs layer_norm in float32 (autocast_mode's float32 list); CPU
+# autocast has it on no list, so a bfloat16 input runs with float32 parameters as it is.
+_FLOAT32_NORM_DEVICES = ("cuda",)
 
 
 def apply_activation(x: Tensor, act: str, act_param: float = 0.0) -> Tensor:
@@ -156,14 +159,14 @@ def fusable(input: Tensor) -> bool:
 
 def pool_input_ok(input) -> bool:
     """Where a pooling op (avg_pool2d, max_pool2d) serves a call as eager does: a tensor that needs a
-    gradient, plain and fusable, no autocast, contiguous or channels_last strides."""
+    gradient, plain and fusable, contiguous or channels_last strides. Pooling is on no autocast list
+    (it runs in its input's dtype under autocast), so autocast changes nothing here."""
     return (
         isinstance(input, Tensor)
         and input.requires_grad
         and torch.is_grad_enabled()
         and plain(input)
         and fusable(input)
-        and not autocast_on(input.device.type)
         and (input.is_contiguous() or (input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last)))
     )
 
@@ -196,6 +199,28 @@ def layer_dtype(input: Tensor, params: Sequence[Optional[Tensor]]) -> Optional[t
     cast = [t.dtype if t.dtype not in _AUTOCAST_CASTS else low for t in (input, *params) if t is not None]
     same_device = all(t is None or t.device == input.device for t in params)
     return cast[0] if same_device and all(d == cast[0] for d in cast) else None
+
+
+def norm_dtype(input: Tensor, params: Sequence[Optional[Tensor]]) -> Optional[torch.dtype]:
+    """The dtype of F.layer_norm(input, ..., *params)'s output as eager runs it, or None where the
+    fused ops must not run it: outside autocast, parameters of the input's dtype and device; under
+    autocast (AUTOCAST_DEVICES), what eager accepts there: on CUDA everything cast to float32
+    (float64 stays), on CPU parameters of the input's dtype or, for a half / bfloat16 input (a
+    low-precision layer's output), float32 ones."""
+    given = [t for t in params if t is not None]
+    if any(t.device != input.device for t in given):
+        return None
+    device = input.device.type
+    if not autocast_on(device):
+        return input.dtype if all(t.dtype == input.dtype for t in given) else None
+    if device not in AUTOCAST_DEVICES:
+        return None
+    if device in _FLOAT32_NORM_DEVICES:
+        cast = [torch.float32 if t.dtype in _AUTOCAST_CASTS else t.dtype for t in (input, *given)]
+        return cast[0] if all(d == cast[0] for d in cast) else None
+    dtypes = {t.dtype for t in given}
+    ok = not dtypes or dtypes == {input.dtype} or (input.dtype in _REDUCED and dtypes == {torch.float32})
+    return input.dtype if ok else None
 
 
 def bn_params_apply(dtype: torch.dtype, device: torch.device, params: Sequence[Optional[Tensor]]) -> bool:

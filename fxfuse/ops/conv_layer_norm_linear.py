@@ -8,8 +8,13 @@ runs the conv again in backward: for a 7×7 depthwise conv, 98 FLOPs per element
 as wide as the model. Forward is eager's ATen calls, so the output is eager's bit for bit; the
 gradients are layer_norm_linear's (eager's bits) and the conv's through `fxfuse::conv2d_backward`.
 
-Calls the op cannot serve exactly (autocast, tensor subclasses, mixed dtypes or devices, shapes
-eager rejects) run the eager composition, which raises eager's errors.
+Under torch.autocast its Autocast kernels cast as eager autocast does: the conv's operands as for
+F.conv2d, the layer norm and linear as in `layer_norm_linear`. On CPU the op runs whole on the
+conv's low-precision output; CUDA autocast casts that output to float32 for the layer norm, a
+copy the op does not make, so there the conv (fxfuse::conv2d) and `layer_norm_linear` run as
+two ops, keeping the float32 copy eager keeps. Calls the op cannot serve exactly (tensor
+subclasses, mixed dtypes or devices, shapes eager rejects) run the eager composition, which
+raises eager's errors.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ from torch import Tensor
 
 from . import compiled
 from .autograd_kernel import register_autograd
-from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry
+from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry, layer_dtype
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 from .layer_norm_linear import _backward_fake as _norm_linear_backward_fake
 from .layer_norm_linear import _fake as _norm_linear_fake
 from .layer_norm_linear import _fusable as _norm_linear_fusable
-from .layer_norm_linear import _last_dim, layer_norm_linear
+from .layer_norm_linear import _last_dim, composition, layer_norm_linear
 
 __all__ = ["conv_layer_norm_linear"]
 
@@ -57,8 +62,11 @@ def conv_layer_norm_linear(
     ln_args = (normalized_shape, ln_weight, ln_bias, eps, weight, bias)
     size = _last_dim(normalized_shape)
     geometry = fusable_conv_geometry(input, conv_weight, conv_bias, stride, padding, dilation, groups)
-    # The layer norm's input as its checks see it: (N, OH, OW, out_channels), the conv's dtype and device.
-    z_like = None if geometry is None else input.new_empty((1, 1, 1, conv_weight.shape[0]))
+    # The layer norm's input as its checks see it: (N, OH, OW, out_channels), the conv's dtype (autocast's
+    # where it casts) and device.
+    z_like = None
+    if geometry is not None:
+        z_like = input.new_empty((1, 1, 1, conv_weight.shape[0]), dtype=layer_dtype(input, (conv_weight, conv_bias)))
     if z_like is None or not _norm_linear_fusable(z_like, size, ln_weight, ln_bias, eps, weight, bias):
         return _eager(*args, *ln_args)
     input, stride, padding, dilation, _ = geometry
@@ -105,7 +113,8 @@ def _bwd(ctx, grad_out):
     if differentiating(grad_out, input, conv_weight, conv_bias, ln_w, ln_b, w, b):
 
         def compose(x, cw, cb, lw, lb, w_, b_):
-            return _eager(x, cw, cb, stride, padding, dilation, groups, shape, lw, lb, eps, w_, b_)
+            z = F.conv2d(x, cw, cb, stride, padding, dilation, groups).permute(0, 2, 3, 1)
+            return composition(z, shape, lw, lb, eps, w_, b_)
 
         grads = composed_gradients(compose, (input, conv_weight, conv_bias, ln_w, ln_b, w, b), mask, grad_out)
     else:

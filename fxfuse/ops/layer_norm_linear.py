@@ -9,10 +9,11 @@ also gives back the mean and rstd) for the weight gradient, then the layer norm'
 No matmul runs twice. Forward is eager's ATen calls, so the output is eager's bit for bit.
 
 It serves a layer norm over the last dimension, all tensors of the input's dtype and
-device, outside autocast. Every other call runs the eager composition, so bad input raises
-what eager raises. Under autocast eager runs the layer norm in float32 and rounds its
-output to the autocast dtype for the linear, which the op does not: the composition runs
-(the op's Autocast kernels do the same for direct calls).
+device. Every other call runs the eager composition, so bad input raises what eager raises.
+Under torch.autocast (CPU, CUDA) it follows eager's precision rules through its Autocast
+kernels (csrc/autocast/): the layer norm runs as autocast runs it (in float32 on CUDA, in the
+input's dtype with float32 parameters on CPU), its output is cast to the autocast dtype for
+the linear, whose operands are cast as for F.linear; the backward recomputes that cast.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from . import compiled
 from .autograd_kernel import register_autograd
-from .checks import autocast_on, check_linear, linear_fusable, plain
+from .checks import check_linear, linear_fusable, norm_dtype, plain
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["layer_norm_linear"]
@@ -43,14 +44,14 @@ def _last_dim(normalized_shape) -> Optional[int]:
 
 def _fusable(input, size, ln_weight, ln_bias, eps, weight, bias) -> bool:
     """Whether the fused op computes this call exactly as eager does (else the composition runs)."""
-    if size is None or not linear_fusable(input, weight, bias) or autocast_on(input.device.type):
+    if size is None or not linear_fusable(input, weight, bias):
         return False
     norm_params = [t for t in (ln_weight, ln_bias) if t is not None]
     return (
         isinstance(eps, numbers.Real)
         and plain(input, *norm_params)
         and input.shape[-1] == size
-        and all(t.dtype == input.dtype and t.device == input.device for t in norm_params)
+        and norm_dtype(input, norm_params) is not None
         and all(tuple(t.shape) == (size,) for t in norm_params)
     )
 
@@ -90,7 +91,7 @@ def _check(input, normalized_shape, weight, bias, op: str) -> None:
 def _fake(input, normalized_shape, ln_weight, ln_bias, eps, weight, bias):
     _check(input, normalized_shape, weight, bias, "layer_norm_linear")
     y = torch.ops.aten.native_layer_norm.default(input, normalized_shape, ln_weight, ln_bias, eps)[0]
-    return torch.ops.aten.linear.default(y, weight, bias)
+    return torch.ops.aten.linear.default(y.to(weight.dtype), weight, bias)
 
 
 def _backward_fake(grad_out, input, normalized_shape, ln_weight, ln_bias, eps, weight, bias, output_mask):
@@ -99,7 +100,7 @@ def _backward_fake(grad_out, input, normalized_shape, ln_weight, ln_bias, eps, w
     grad_input = grad_ln_weight = grad_ln_bias = None
     if any(ln_mask):
         _, mean, rstd = torch.ops.aten.native_layer_norm.default(input, normalized_shape, ln_weight, ln_bias, eps)
-        grad_y = torch.ops.aten.matmul.default(grad_out, weight)
+        grad_y = torch.ops.aten.matmul.default(grad_out, weight).to(input.dtype)
         grad_input, grad_ln_weight, grad_ln_bias = torch.ops.aten.native_layer_norm_backward.default(
             grad_y, input, normalized_shape, mean, rstd, ln_weight, ln_bias, ln_mask
         )
@@ -110,6 +111,13 @@ def _backward_fake(grad_out, input, normalized_shape, ln_weight, ln_bias, eps, w
         weight.new_empty(weight.shape) if output_mask[3] else None,
         bias.new_empty(bias.shape) if output_mask[4] and bias is not None else None,
     )
+
+
+def composition(input, normalized_shape, ln_weight, ln_bias, eps, weight, bias):
+    """What the op computes, for its double backward: the layer norm's output cast to the linear's
+    dtype where they differ (the autocast form the Autocast kernels call it in)."""
+    y = F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps)
+    return F.linear(y.to(weight.dtype), weight, bias)
 
 
 def _setup(ctx, inputs, output):
@@ -130,7 +138,7 @@ def _bwd(ctx, grad_out):
     if differentiating(grad_out, input, ln_weight, ln_bias, weight, bias):
 
         def compose(x, ln_w, ln_b, w, b):
-            return F.linear(F.layer_norm(x, normalized_shape, ln_w, ln_b, eps), w, b)
+            return composition(x, normalized_shape, ln_w, ln_b, eps, w, b)
 
         grads = composed_gradients(compose, (input, ln_weight, ln_bias, weight, bias), mask, grad_out)
     else:

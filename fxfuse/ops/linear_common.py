@@ -29,14 +29,15 @@ def call_linear_op(op: str, composition: Callable, eager: Callable, input, weigh
     return eager(input, weight, bias, act=act, act_param=act_param)
 
 
-def register_linear_op(op: str, compose: Callable) -> None:
-    """Register the fake kernels and autograd of fxfuse::`op`, whose eager composition is
-    `compose(input, weight, bias, *, act, act_param)`."""
+def register_linear_op(op: str, compose: Callable, casts_input: bool = False) -> None:
+    """Register the fake kernels and autograd of fxfuse::`op`, which computes
+    `compose(input, weight, bias, *, act, act_param)`; `casts_input`: the linear's input is cast
+    to the weight's dtype (act_linear, the form its Autocast kernel calls)."""
 
     def fake(input, weight, bias, act, act_param):
         check_linear(input, weight, bias, op)
         check_act(act)
-        return torch.ops.aten.linear.default(input, weight, bias)
+        return torch.ops.aten.linear.default(input.to(weight.dtype) if casts_input else input, weight, bias)
 
     def backward_fake(grad_out, input, weight, bias, act, act_param, output_mask):
         check_linear(input, weight, bias, f"{op}_backward")

@@ -1,6 +1,11 @@
 // F.linear(act(input), weight, bias) that keeps only the activation's input (and the layer's
 // parameters) for backward. Built from ATen calls only (the matmul dominates), registered as
 // CompositeExplicitAutograd: one implementation for every device.
+//
+// The linear runs in the weight's dtype: an activation output of another dtype is cast to it,
+// as torch.autocast casts F.linear's input (the op's Autocast kernel passes the cast weight and
+// the uncast input, so the activation runs in the input's dtype, as in eager). The backward
+// casts the linear's input gradient back, as autograd does through eager's cast.
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
@@ -19,7 +24,7 @@ at::Tensor act_linear(
     c10::string_view act, double act_param) {
   checks::linear_args(input, weight, bias, "act_linear");
   const Act a = parse_act(act);
-  return at::linear(act_forward(input, a, act_param), weight, bias);
+  return at::linear(act_forward(input, a, act_param).to(weight.scalar_type()), weight, bias);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(
@@ -34,11 +39,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(
     const at::Tensor g2 = grad_out.reshape({-1, weight.size(0)});
     // The recomputed activation lives only for this product.
     if (output_mask[1]) {
-      grad_weight = at::mm(g2.t(), act_forward(input, a, act_param).reshape({-1, weight.size(1)}));
+      const at::Tensor y = act_forward(input, a, act_param).to(weight.scalar_type());
+      grad_weight = at::mm(g2.t(), y.reshape({-1, weight.size(1)}));
     }
     if (output_mask[2] && has_bias) grad_bias = g2.sum(0);
   }
-  if (output_mask[0]) grad_input = act_backward(at::matmul(grad_out, weight), input, a, act_param);
+  if (output_mask[0]) {
+    const at::Tensor grad_y = at::matmul(grad_out, weight).to(input.scalar_type());
+    grad_input = act_backward(grad_y, input, a, act_param);
+  }
   return {grad_input, grad_weight, grad_bias};
 }
 

@@ -10,6 +10,11 @@
 // at::native_layer_norm's first output), so the output is eager's bit for bit. Built from
 // ATen calls only and registered as CompositeExplicitAutograd: one implementation for
 // every device.
+//
+// The linear runs in the weight's dtype: a layer norm output of another dtype is cast to it, as
+// torch.autocast casts F.linear's input (the op's Autocast kernel passes the cast weight and the
+// layer norm's operands as autocast leaves or casts them for layer_norm). The backward casts the
+// linear's input gradient back, as autograd does through eager's cast.
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
@@ -50,7 +55,7 @@ at::Tensor layer_norm_linear(
   check_args(input, normalized_shape, weight, bias, "layer_norm_linear");
   const at::Tensor y =
       std::get<0>(at::native_layer_norm(input, normalized_shape, ln_weight, ln_bias, eps));
-  return at::linear(y, weight, bias);
+  return at::linear(y.to(weight.scalar_type()), weight, bias);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_linear_backward(
@@ -74,11 +79,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
   }
   // The one tensor this op did not keep, with the statistics eager kept next to it.
   auto [y, mean, rstd] = at::native_layer_norm(input, normalized_shape, ln_weight, ln_bias, eps);
-  if (weight_grad) grad_weight = at::mm(g2.t(), y.reshape({-1, weight.size(1)}));
+  if (weight_grad) {
+    grad_weight = at::mm(g2.t(), y.to(weight.scalar_type()).reshape({-1, weight.size(1)}));
+  }
   if (ln_grads) {
+    const auto norm_dtype = y.scalar_type();
     y.reset();  // free the recomputed output before the layer norm's backward allocates
     std::tie(grad_input, grad_ln_weight, grad_ln_bias) = at::native_layer_norm_backward(
-        at::matmul(grad_out, weight), input, normalized_shape, mean, rstd, ln_weight, ln_bias,
+        at::matmul(grad_out, weight).to(norm_dtype), input, normalized_shape, mean, rstd, ln_weight, ln_bias,
         {output_mask[0], output_mask[1] && checks::given(ln_weight),
          output_mask[2] && checks::given(ln_bias)});
   }
