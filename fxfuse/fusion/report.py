@@ -83,6 +83,7 @@ class FusionReport:
     peak_budget_met: Optional[bool] = None
     regions: list[RegionChoice] = field(default_factory=list)  # recompute regions and links chosen
     layout: str = ""  # the memory format the optimized model runs in, and why (fusion.layout)
+    precision: str = ""  # the dtypes (autocast or not) the counts and estimates were made in
 
     @property
     def saved_bytes(self) -> Optional[int]:
@@ -106,6 +107,7 @@ class FusionReport:
             "peak_budget_met": self.peak_budget_met,
             "regions": [asdict(r) for r in self.regions],
             "layout": self.layout,
+            "precision": self.precision,
         }
 
     def __str__(self) -> str:
@@ -138,6 +140,8 @@ class FusionReport:
         lines.extend(f"note: {note}" for note in self.notes)
         if self.layout:
             lines.append(f"layout: {self.layout}")
+        if self.precision:
+            lines.append(f"precision: {self.precision}")
         return "\n".join(lines)
 
     __repr__ = __str__
