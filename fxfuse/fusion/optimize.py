@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -30,6 +30,8 @@ from .capture import Captures
 from .counts import Counts
 from .install import Walk, _rebuild, is_optimized, uninstall, walk  # noqa: F401 - _rebuild: older pickles name it here
 from .plan import MODES, Findings, Options
+from .regions import time_model
+from .regions.time_model import Rates as TimeModel
 from .report import FusionReport, render
 
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -125,6 +127,18 @@ def _precision(inputs, autocast) -> tuple[Optional[measure.Autocast], str]:
     return None, f"counted in {', '.join(dtypes) or 'the inputs'} dtypes, without autocast"
 
 
+def _time_model(inputs, autocast: Optional[measure.Autocast], spec) -> time_model.Rates:
+    """The rates the ranking prices recomputes with, for the device and dtype of the example inputs (the
+    autocast dtype where counted under one)."""
+    first = next(iter(measure.memory.tensors(inputs)), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = autocast.dtype if autocast is not None else first.dtype if first is not None else torch.float32
+    try:
+        return time_model.resolve(spec, device, dtype)
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"time_model / ${time_model.ENV}: {exc}") from exc
+
+
 def _decide(
     model: nn.Module, inputs, mode: str, memory_budget, peak_budget, captures: Captures, autocast=None
 ) -> Options:
@@ -157,6 +171,7 @@ def _optimized(
     install: bool,
     peak_budget=None,
     autocast: Optional[torch.dtype] = None,
+    time_model_spec=None,
 ) -> FusionReport:
     inputs = _normalize_inputs(example_inputs)
     chosen = layout.decide(model, inputs, memory_format)
@@ -164,15 +179,21 @@ def _optimized(
         inputs = layout.to_channels_last(inputs)
     counted_under, precision = _precision(inputs, autocast)
     captures = Captures(counted_under)
-    options = _decide(model, inputs, mode, memory_budget, peak_budget, captures, counted_under)
+    rates = None
+    if memory_budget is not None or peak_budget is not None:
+        rates = _time_model(inputs, counted_under, time_model_spec)
+    with time_model.using(rates):
+        options = _decide(model, inputs, mode, memory_budget, peak_budget, captures, counted_under)
     options = dataclasses.replace(options, channels_last=chosen.channels_last)
     found = _run(model, inputs, options, install, captures)
     if install and chosen.channels_last:
         model.to(memory_format=torch.channels_last)
     layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
-    notes = policy.device_notes(inputs) if options.plan.choice is not None else []
+    own_rates = rates is not None and rates.source != time_model.BUILTIN_SOURCE
+    notes = policy.device_notes(inputs, own_rates) if options.plan.choice is not None else []
     report = render(options.mode, found, options.plan, layout_line, notes)
     report.precision = precision
+    report.time_model = rates
     return report
 
 
@@ -185,6 +206,7 @@ def optimize(
     memory_format: str = "preserve",
     peak_budget: Optional[float] = None,
     autocast: Optional[torch.dtype] = None,
+    time_model: Optional[Union[str, dict, TimeModel]] = None,
 ) -> nn.Module:
     """Rewrite `model` in place so that its Conv→BN(→act), BN→act and Linear/Conv→act patterns run as fused ops.
 
@@ -218,12 +240,20 @@ def optimize(
     or under autocast=torch.bfloat16 / torch.float16 given here. Then the saved bytes counted are
     what eager keeps under that autocast (its casted copies, low-precision activations, float32
     statistics), and the budgets hold there. The report's `precision` says which it was.
+
+    A budget's ranking prices recomputes with a time model of the example inputs' device and
+    dtype (fusion/regions/time_model.py): on CPU its built-in rates, elsewhere the device's,
+    measured once and cached. time_model= pins them (a path to a JSON file, inline JSON or a
+    dict with seconds_per_flop, seconds_per_byte and op_seconds, as the report's
+    to_dict()["time_model"] gives them; "measure"; "builtin"), as FXFUSE_TIME_MODEL does.
     """
     _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget, autocast)
     _check_example_inputs(model, example_inputs)
     if any(is_optimized(m) for m in model.modules()):
         uninstall(model)
-    report = _optimized(model, example_inputs, mode, memory_budget, memory_format, True, peak_budget, autocast)
+    report = _optimized(
+        model, example_inputs, mode, memory_budget, memory_format, True, peak_budget, autocast, time_model
+    )
     model.fxfuse_report = report
     return model
 
@@ -237,6 +267,7 @@ def explain(
     memory_format: str = "preserve",
     peak_budget: Optional[float] = None,
     autocast: Optional[torch.dtype] = None,
+    time_model: Optional[Union[str, dict, TimeModel]] = None,
 ) -> FusionReport:
     """What `optimize` would fuse and skip (and why), without changing `model`."""
     _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget, autocast)
@@ -245,4 +276,6 @@ def explain(
     if any(is_optimized(m) for m in model.modules()):
         target = copy.deepcopy(model)
         uninstall(target)
-    return _optimized(target, example_inputs, mode, memory_budget, memory_format, False, peak_budget, autocast)
+    return _optimized(
+        target, example_inputs, mode, memory_budget, memory_format, False, peak_budget, autocast, time_model
+    )
