@@ -34,7 +34,6 @@ import contextvars
 import json
 import math
 import os
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -112,11 +111,21 @@ def seconds_per_flop() -> float:
 
 # ------------------------------------------------------------------ measuring a device
 
-Timer = Callable[[Callable[[], Any], int], float]  # (fn, calls) -> seconds per call
+@dataclass(frozen=True)
+class Probe:
+    kind: str  # "conv", "matmul", "pointwise" or "launch"
+    flops: float  # per call
+    moved: float  # bytes read and written per call
+    run: Callable[[], Any]
+    calls: int  # calls per timing
 
 
-def host_timer(fn: Callable[[], Any], calls: int) -> float:
-    """Seconds per call of `fn`, by the host clock: the fastest of three runs of `calls` calls."""
+Timer = Callable[[Probe], float]  # seconds per call of the probe's op
+
+
+def host_timer(probe: Probe) -> float:
+    """Seconds per call of the probe's op, by the host clock: the fastest of three runs of its `calls` calls."""
+    fn, calls = probe.run, probe.calls
     fn()
     best = math.inf
     for _ in range(3):
@@ -128,10 +137,11 @@ def host_timer(fn: Callable[[], Any], calls: int) -> float:
 
 
 def cuda_timer(
-    fn: Callable[[], Any], calls: int, event: Callable[..., Any] = None, synchronize: Callable[[], None] = None
+    probe: Probe, event: Optional[Callable[..., Any]] = None, synchronize: Optional[Callable[[], None]] = None
 ) -> float:
-    """Seconds per call of `fn` on the current CUDA stream, by CUDA events around `calls` calls (the fastest of
-    three runs): the device's time, launches included, without the host's view of an asynchronous queue."""
+    """Seconds per call of the probe's op on the current CUDA stream, by CUDA events around its `calls` calls
+    (the fastest of three runs): the device's time, launches included, not the host's view of a queue."""
+    fn, calls = probe.run, probe.calls
     event = event or torch.cuda.Event
     synchronize = synchronize or torch.cuda.synchronize
     fn()
@@ -148,15 +158,6 @@ def cuda_timer(
     return best / calls
 
 
-@dataclass(frozen=True)
-class Probe:
-    kind: str  # "conv", "matmul", "pointwise" or "launch"
-    flops: float  # per call
-    moved: float  # bytes read and written per call
-    run: Callable[[], Any]
-    calls: int  # calls per timing
-
-
 def probes(device: torch.device, dtype: torch.dtype) -> list[Probe]:
     """The few ops whose times give the rates, sized for `device` so that each is timed in milliseconds."""
     big = device.type != "cpu"
@@ -169,9 +170,12 @@ def probes(device: torch.device, dtype: torch.dtype) -> list[Probe]:
     numel = (1 << 26) if big else (1 << 22)
     u, v = torch.randn(numel, device=device).to(dtype), torch.randn(numel, device=device).to(dtype)
     tiny = torch.zeros(1, device=device, dtype=dtype)
+    # Outputs written in place: a fresh large output each call would be page-faulted in on CPU (glibc hands
+    # large freed blocks back to the OS), timing the kernel's page faults instead of its memory traffic.
+    mm_out, add_out, tiny_out = torch.empty_like(a), torch.empty_like(u), torch.empty_like(tiny)
     conv_flops = 2 * batch * channels * side * side * channels * 9
     return [
-        Probe("matmul", 2 * n**3, 3 * n * n * size, lambda: a @ b, 10 if big else 2),
+        Probe("matmul", 2 * n**3, 3 * n * n * size, lambda: torch.mm(a, b, out=mm_out), 10 if big else 2),
         Probe(
             "conv",
             conv_flops,
@@ -179,26 +183,25 @@ def probes(device: torch.device, dtype: torch.dtype) -> list[Probe]:
             lambda: torch.nn.functional.conv2d(x, w, padding=1),
             10 if big else 2,
         ),
-        Probe("pointwise", 0, 3 * numel * size, lambda: torch.add(u, v), 10 if big else 3),
-        Probe("launch", 0, 3 * size, lambda: torch.add(tiny, tiny), 200),
+        Probe("pointwise", 0, 3 * numel * size, lambda: torch.add(u, v, out=add_out), 10 if big else 3),
+        Probe("launch", 0, 3 * size, lambda: torch.add(tiny, tiny, out=tiny_out), 200),
     ]
 
 
 def fit(timed: list[tuple[Probe, float]]) -> tuple[float, float, float]:
-    """(seconds per FLOP, per byte, per op) from each probe's seconds per call: the launch probe gives the cost
-    per op, the pointwise one the cost per byte beyond it, the conv and the matmul (together) the cost per FLOP
-    beyond their bytes and their op."""
-    by_kind: dict[str, list[tuple[Probe, float]]] = {}
-    for probe, secs in timed:
-        by_kind.setdefault(probe.kind, []).append((probe, secs))
-    per_op = statistics.median(s for _, s in by_kind["launch"])
-    per_byte = sum(max(s - per_op, 0.0) for _, s in by_kind["pointwise"]) / sum(
-        p.moved for p, _ in by_kind["pointwise"]
-    )
-    heavy = by_kind["conv"] + by_kind["matmul"]
+    """(seconds per FLOP, per byte, per op) from each probe's seconds per call: the launch probe (a few bytes)
+    and the pointwise one (hundreds of MB on a GPU) give the cost per op and per byte, two equations in two
+    unknowns; the conv and the matmul (together) the cost per FLOP beyond their bytes and their op."""
+    (launch, tiny), (pointwise, large) = (_one(timed, "launch"), _one(timed, "pointwise"))
+    per_byte = max(large - tiny, 0.0) / (pointwise.moved - launch.moved)
+    per_op = max(tiny - launch.moved * per_byte, 0.0)
+    heavy = [(p, s) for p, s in timed if p.kind in ("conv", "matmul")]
     rest = sum(max(s - per_op - p.moved * per_byte, 0.0) for p, s in heavy)
-    per_flop = rest / sum(p.flops for p, _ in heavy)
-    return per_flop, per_byte, per_op
+    return rest / sum(p.flops for p, _ in heavy), per_byte, per_op
+
+
+def _one(timed: list[tuple[Probe, float]], kind: str) -> tuple[Probe, float]:
+    return next((p, s) for p, s in timed if p.kind == kind)
 
 
 def device_name(device: torch.device) -> str:
@@ -219,7 +222,7 @@ def measure(
     fake a device with both."""
     timer = timer or (cuda_timer if device.type == "cuda" else host_timer)
     with torch.no_grad():
-        timed = [(p, timer(p.run, p.calls)) for p in probes(probe_device or device, dtype)]
+        timed = [(p, timer(p)) for p in probes(probe_device or device, dtype)]
     per_flop, per_byte, per_op = fit(timed)
     dtype_name = str(dtype).replace("torch.", "")
     when = time.strftime("%Y-%m-%d")
