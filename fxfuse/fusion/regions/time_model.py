@@ -111,6 +111,7 @@ def seconds_per_flop() -> float:
 
 # ------------------------------------------------------------------ measuring a device
 
+
 @dataclass(frozen=True)
 class Probe:
     kind: str  # "conv", "matmul", "pointwise" or "launch"
