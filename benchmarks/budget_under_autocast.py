@@ -2,9 +2,10 @@
 
     python benchmarks/budget_under_autocast.py [--model resnet18] [--shape 8,3,96,96] [--budgets 0.5,0.3]
 
-Budgets are counted on the meta device, where autocast does not apply: this prints, for eager
-and for `mode="memory"` and each `memory_budget`, the saved-for-backward bytes with and without
-CPU bfloat16 autocast (fxfuse.measure.saved_activation_bytes), as ratios to eager's.
+Prints, for `mode="memory"` and each `memory_budget`, the saved-for-backward bytes with and without
+CPU bfloat16 autocast (fxfuse.measure.saved_activation_bytes), as ratios to eager's in the same
+precision: for plans made outside autocast (counted in float32), and for plans made inside it
+(counted under bf16 autocast, as optimize does when called there).
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ def main() -> None:
     model = getattr(torchvision.models, args.model)().to(memory_format=torch.channels_last)
     x = torch.randn(*map(int, args.shape.split(","))).contiguous(memory_format=torch.channels_last)
     plans = [{"mode": "memory"}] + [{"memory_budget": float(b)} for b in args.budgets.split(",")]
-    optimized = [fxfuse.optimize(copy.deepcopy(model), (x,), **plan) for plan in plans]
-    for amp in (False, True):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            eager = measure.saved_activation_bytes(model, (x,))
-            ratios = [measure.saved_activation_bytes(m, (x,)) / eager for m in optimized]
-        label = "bf16 autocast" if amp else "no autocast  "
-        cells = ", ".join(f"{k}={v}: {r:.3f}" for p, r in zip(plans, ratios) for k, v in p.items())
-        print(f"{label}  eager {eager / 2**20:.1f} MiB  {cells}")
+    for planned_under in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=planned_under):
+            optimized = [fxfuse.optimize(copy.deepcopy(model), (x,), **plan) for plan in plans]
+        print(f"plans made {'inside bf16 autocast' if planned_under else 'without autocast'}:")
+        for amp in (False, True):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                eager = measure.saved_activation_bytes(model, (x,))
+                ratios = [measure.saved_activation_bytes(m, (x,)) / eager for m in optimized]
+            label = "bf16 autocast" if amp else "no autocast  "
+            cells = ", ".join(f"{k}={v}: {r:.3f}" for p, r in zip(plans, ratios) for k, v in p.items())
+            print(f"  {label}  eager {eager / 2**20:.1f} MiB  {cells}")
 
 
 if __name__ == "__main__":
