@@ -127,6 +127,8 @@ def test_a_bad_autocast_dtype_is_a_configuration_error():
         fxfuse.optimize(_cnn(), torch.randn(2, 3, 16, 16), autocast=torch.float64)
     with pytest.raises(fxfuse.errors.ConfigurationError, match="autocast is the dtype"):
         fxfuse.optimize(_cnn(), torch.randn(2, 3, 16, 16), autocast="bf16")
+    with pytest.raises(fxfuse.errors.ConfigurationError, match="no autocast on meta"):
+        fxfuse.optimize(_cnn(), torch.empty(2, 3, 16, 16, device="meta"), memory_budget=0.5, autocast=BF16)
 
 
 def test_peak_budget_is_met_under_autocast():

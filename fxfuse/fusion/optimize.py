@@ -120,6 +120,11 @@ def _precision(inputs, autocast) -> tuple[Optional[measure.Autocast], str]:
         origin = "enabled at the call"
     else:
         device_type = next((t.device.type for t in measure.memory.tensors(inputs)), "cpu")
+        if device_type == "meta":
+            raise ConfigurationError(
+                "autocast= counts under torch.autocast on the example inputs' device, which has no autocast on "
+                "meta: give example inputs on the device the model trains on (nothing is computed with them)"
+            )
         counted, origin = measure.Autocast(device_type, autocast), "autocast="
     if counted is not None:
         return counted, f"counted under {counted} ({origin}), as the model trains"
