@@ -3,10 +3,11 @@
     python benchmarks/budget_under_autocast.py [--model resnet18] [--shape 8,3,96,96] [--budgets 0.5,0.3]
         [--modes memory] [--model-args image_size=64] [--activations] [--no-channels-last]
 
-Budgets are counted on the meta device, where autocast does not apply: this prints, for eager
-and for each `mode` and each `memory_budget`, the saved-for-backward bytes with and without
-CPU bfloat16 autocast (fxfuse.measure.saved_activation_bytes), as ratios to eager's, and the
-bytes each plan frees (eager's minus its own).
+Prints, for eager and for each `mode` and each `memory_budget`, the saved-for-backward bytes with
+and without CPU bfloat16 autocast (fxfuse.measure.saved_activation_bytes), as ratios to eager's in
+the same precision, and the bytes each plan frees (eager's minus its own): for plans made outside
+autocast (counted in float32), and for plans made inside it (counted under bf16 autocast, as
+optimize does when called there).
 `--activations` counts activation bytes only: saved bytes at twice the batch minus saved bytes
 at the batch, so that what does not grow with the batch (the weights' autocast copies) cancels.
 """
@@ -53,7 +54,6 @@ def main() -> None:
     x2 = torch.randn(2 * shape[0], *shape[1:]).contiguous(memory_format=fmt)
     plans = [{"mode": m} for m in args.modes.split(",") if m]
     plans += [{"memory_budget": float(b)} for b in args.budgets.split(",") if b]
-    optimized = [fxfuse.optimize(copy.deepcopy(model), (x,), **plan) for plan in plans]
 
     def saved(m):
         if not args.activations:
@@ -62,17 +62,21 @@ def main() -> None:
 
     what = "activation bytes" if args.activations else "saved bytes"
     print(f"{args.model} {tuple(shape)} {kwargs or ''} {what}, fraction of eager's")
-    for amp in (False, True):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            eager = saved(model)
-            kept = [saved(m) for m in optimized]
-        label = "bf16 autocast" if amp else "no autocast  "
-        cells = ", ".join(
-            f"{k}={v}: {b / eager:.3f} (frees {(eager - b) / 2**20:.2f} MiB)"
-            for p, b in zip(plans, kept)
-            for k, v in p.items()
-        )
-        print(f"{label}  eager {eager / 2**20:.1f} MiB  {cells}")
+    for planned_under in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=planned_under):
+            optimized = [fxfuse.optimize(copy.deepcopy(model), (x,), **plan) for plan in plans]
+        print(f"plans made {'inside bf16 autocast' if planned_under else 'without autocast'}:")
+        for amp in (False, True):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                eager = saved(model)
+                kept = [saved(m) for m in optimized]
+            label = "bf16 autocast" if amp else "no autocast  "
+            cells = ", ".join(
+                f"{k}={v}: {b / eager:.3f} (frees {(eager - b) / 2**20:.2f} MiB)"
+                for p, b in zip(plans, kept)
+                for k, v in p.items()
+            )
+            print(f"  {label}  eager {eager / 2**20:.1f} MiB  {cells}")
 
 
 if __name__ == "__main__":

@@ -481,3 +481,26 @@ def test_cli_bench_frontier_sweeps_budgets_and_marks_the_front(capsys):
     assert {r["variant"] for r in rows} >= {"eager", "budget=0.6", "budget=0.3"}
     marks = bench.dominated([bench.Row(**{k: v for k, v in r.items() if k != "dominated_by"}) for r in rows])
     assert {r["variant"]: r["dominated_by"] for r in rows if r["dominated_by"]} == marks
+
+
+def test_cli_bench_amp_runs_every_variant_and_plan_under_autocast(capsys):
+    argv = ["bench", "tests.test_bench:small_net", "--input-shape", "2,3,16,16", "--repeats", "1", "--json"]
+    argv += ["--budget", "0.5", "--with", "checkpoint", "--fit-cap", "8MiB", "--fit-by", "counted"]
+    assert main([*argv, "--amp", "bf16"]) == 0
+    amp = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert amp["amp"] == "bf16" and plain["amp"] is None
+    report = amp["reports"]["budget=0.5"]
+    assert "bfloat16 autocast on cpu" in report["precision"] and report["budget_met"] is True
+    rows, plain_rows = ({r["variant"]: r for r in result["rows"]} for result in (amp, plain))
+    # Measured under autocast: eager keeps bf16 activations (and bf16 weight copies), and the budget holds there.
+    x = torch.randn(2, 3, 16, 16).to(memory_format=torch.channels_last)
+    model = small_net().to(memory_format=torch.channels_last)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert rows["eager-channels_last"]["saved_bytes"] == measure.saved_activation_bytes(model, (x,))
+    assert rows["eager"]["saved_bytes"] < plain_rows["eager"]["saved_bytes"]
+    assert rows["budget=0.5"]["saved_ratio"] <= 0.5 * 1.02
+    assert all(r["fit_counted"] > 0 for r in rows.values())
+    with pytest.raises(SystemExit):
+        main([*argv, "--amp", "fp8"])

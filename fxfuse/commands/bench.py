@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
 
 import torch
 
-from .. import bench, plot
+from .. import bench, measure, plot
 from ..errors import ConfigurationError
 from ..fusion import MODES
 from ..measure import fit
 from ._common import add_model_arguments, load_model, parse_dtype
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _amp(args: argparse.Namespace):
+    """The autocast every variant is prepared and measured under (--amp), else no context."""
+    if args.amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(args.device).type, dtype=AMP_DTYPES[args.amp])
 
 
 def _csv(text: str) -> list[str]:
@@ -123,6 +133,13 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", type=parse_dtype, default=torch.float32, help="float32 (default) or float64")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument(
+        "--amp",
+        choices=tuple(AMP_DTYPES),
+        default=None,
+        help="run every variant and peer (preparation, fxfuse's plans, the measured steps) under "
+        "torch.autocast(--device, bf16 or fp16), as mixed-precision training does; weights stay in --dtype",
+    )
+    parser.add_argument(
         "--memory-format",
         choices=("channels_last", "contiguous"),
         default="channels_last",
@@ -164,19 +181,26 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model).to(device=args.device, dtype=args.dtype).train()
     x = torch.randn(*args.input_shape, device=args.device, dtype=args.dtype)
     variants, reports = {}, {}
-    for name in names:
-        log(f"preparing {name}")
-        variants[name] = bench.make_variant(name, model, (x,), memory_format=fmt)
-        report = getattr(variants[name], "fxfuse_report", None)
-        if report is not None:
-            reports[name] = report
-    del model
-    rows = bench.compare(variants, (x,), repeats=args.repeats, log=log, memory_format=fmt)
-    if args.fit_cap is not None:
-        ways = bench.FIT_WAYS if args.fit_by == "both" else (args.fit_by,)
-        bench.add_fit(rows, variants, (x,), args.fit_cap, ways=ways, log=log, memory_format=fmt)
+    with _amp(args):
+        for name in names:
+            log(f"preparing {name}")
+            variants[name] = bench.make_variant(name, model, (x,), memory_format=fmt)
+            report = getattr(variants[name], "fxfuse_report", None)
+            if report is not None:
+                reports[name] = report
+        del model
+        rows = bench.compare(variants, (x,), repeats=args.repeats, log=log, memory_format=fmt)
+        if args.fit_cap is not None:
+            ways = bench.FIT_WAYS if args.fit_by == "both" else (args.fit_by,)
+            counted_under = None
+            if args.amp is not None:
+                counted_under = measure.Autocast(torch.device(args.device).type, AMP_DTYPES[args.amp])
+            with measure.counting_under(counted_under):
+                bench.add_fit(rows, variants, (x,), args.fit_cap, ways=ways, log=log, memory_format=fmt)
     if args.plot:
         title = f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {args.memory_format}, {args.device}"
+        if args.amp:
+            title += f", {args.amp} autocast"
         plot.plot_fronts([(title, rows)], args.plot)
         log(f"frontier plot written to {args.plot}")
     if args.json:
@@ -186,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
                     "model": args.model,
                     "input_shape": list(args.input_shape),
                     "dtype": str(args.dtype),
+                    "amp": args.amp,
                     "device": args.device,
                     "memory_format": args.memory_format if four_d else None,
                     "threads": torch.get_num_threads(),
@@ -200,8 +225,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     layout = f", variants in {args.memory_format}" if four_d else ""
+    amp = f" under {args.amp} autocast" if args.amp else ""
     print(
-        f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {str(args.dtype).replace('torch.', '')}, "
+        f"{args.model}, input {'x'.join(map(str, args.input_shape))}, {str(args.dtype).replace('torch.', '')}{amp}, "
         f"{args.device}{layout}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     )
     print(bench.render(rows, frontier=args.frontier is not None))

@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from .. import measure
 from . import shapes, tracing
 from .tracing import CallPattern, TraceResult
 
@@ -40,7 +41,12 @@ def call_pattern(
     return CallPattern.for_call(getattr(type(root), "_fxfuse_original_class", type(root)).forward, example_inputs)
 
 
-def capture(root: nn.Module, example_inputs: Optional[Sequence[Any]], pattern: Optional[CallPattern] = None) -> Capture:
+def capture(
+    root: nn.Module,
+    example_inputs: Optional[Sequence[Any]],
+    pattern: Optional[CallPattern] = None,
+    autocast: Optional[measure.Autocast] = None,
+) -> Capture:
     """Trace `root` (its original class's forward if it is optimized) for calls of `pattern`; raises what
     tracing raises."""
     traced = tracing.trace(
@@ -65,7 +71,7 @@ def capture(root: nn.Module, example_inputs: Optional[Sequence[Any]], pattern: O
     shape_map = {}
     if example_inputs is not None:
         try:
-            shape_map = shapes.propagate(root, traced.graph, example_inputs)
+            shape_map = shapes.propagate(root, traced.graph, example_inputs, autocast)
         except Exception as exc:  # noqa: BLE001 - estimates are optional
             notes.append(f"could not propagate shapes from the example inputs: {type(exc).__name__}: {exc}")
     return Capture(traced, shape_map, notes)
@@ -89,8 +95,9 @@ class Captures:
     model (finding sites, the policy's meta-device trials, the final install) rewrites the same
     captured graphs. A module that cannot be traced is remembered as the exception it raised."""
 
-    def __init__(self) -> None:
+    def __init__(self, autocast: Optional[measure.Autocast] = None) -> None:
         self._by_key: dict[tuple, Any] = {}
+        self.autocast = autocast  # what the graphs' tensor metadata is propagated under
 
     def get(
         self,
@@ -103,7 +110,7 @@ class Captures:
         key = (path, tuple(m.training for m in root.modules()), pattern)
         if key not in self._by_key:
             try:
-                self._by_key[key] = capture(root, example_inputs, pattern)
+                self._by_key[key] = capture(root, example_inputs, pattern, self.autocast)
             except Exception as exc:
                 self._by_key[key] = exc
                 raise

@@ -9,6 +9,7 @@ call's `Captures`): shapes, no compute, nothing of the user's touched, and no tr
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import torch
@@ -25,13 +26,30 @@ from .regions import time_model
 from .regions.costs import Profile
 
 
-class Counts:
-    def __init__(self, model: nn.Module, inputs: tuple, captures: Captures) -> None:
-        self.model, self.inputs, self.captures = model, inputs, captures
+def _counted(method):
+    """A Counts method made under the call's autocast (measure.counting_under)."""
 
+    @functools.wraps(method)
+    def counted(self, *args, **kwargs):
+        with measure.counting_under(self.autocast):
+            return method(self, *args, **kwargs)
+
+    return counted
+
+
+class Counts:
+    """`autocast`: what the model trains under (None: no autocast); every count is made under it."""
+
+    def __init__(
+        self, model: nn.Module, inputs: tuple, captures: Captures, autocast: Optional[measure.Autocast] = None
+    ) -> None:
+        self.model, self.inputs, self.captures, self.autocast = model, inputs, captures, autocast
+
+    @_counted
     def eager_bytes(self) -> int:
         return measure.saved_activation_bytes_meta(self.model, self.inputs)
 
+    @_counted
     def plan_bytes(self, plan: Plan) -> int:
         return measure.saved_activation_bytes_meta(self.model, self.inputs, prepare=self._prepare(plan))
 
@@ -42,23 +60,28 @@ class Counts:
             saved = self.plan_bytes(dataclasses.replace(plan, rebuild=True))
         return saved, tally.bytes, tally.count
 
+    @_counted
     def eager_peak(self) -> int:
         return measure.step_peak_bytes_meta(self.model, self.inputs)
 
+    @_counted
     def plan_peak(self, plan: Plan) -> int:
         return measure.step_peak_bytes_meta(self.model, self.inputs, prepare=self._prepare(plan))
 
+    @_counted
     def plan_peak_parts(self, plan: Plan) -> measure.PeakParts:
         return measure.step_peak_parts_meta(self.model, self.inputs, prepare=self._prepare(plan))
 
+    @_counted
     def eager_step_seconds(self) -> float:
         """One eager train step (forward + backward) as the time model prices it: its FLOPs, the bytes its
         ops move and how many run, counted on a meta-device copy."""
         trial = measure.meta_copy(self.model)
-        with OpCosts() as traffic:
+        with measure.counted_run(), OpCosts() as traffic:
             measure.train_step(trial, measure.to_meta(self.inputs))
         return time_model.seconds(traffic.flops, traffic.moved, traffic.data_ops)
 
+    @_counted
     def profile(self, sites: frozenset) -> Optional[Profile]:
         """Region costs of the model fused with `sites` (the pointwise ones: what a region runs inside);
         None where no part of the model is captured as one graph.
@@ -68,6 +91,10 @@ class Counts:
         forward of the whole model, and named by their path in the model: all of them join one ranking,
         so the budget applies to the model as a whole."""
         trial = measure.meta_copy(self.model)
+        with measure.counted_run():
+            return self._profile(trial, sites)
+
+    def _profile(self, trial: nn.Module, sites: frozenset) -> Optional[Profile]:
         self._prepare(Plan(sites))(trial)
         inputs = measure.to_meta(self.inputs)
         graph = install.fx_graph(trial)

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
 
-from .. import _extension
+from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
 from . import example_inputs as _example_inputs
 from . import layout, policy
@@ -30,7 +30,11 @@ from .capture import Captures
 from .counts import Counts
 from .install import Walk, _rebuild, is_optimized, uninstall, walk  # noqa: F401 - _rebuild: older pickles name it here
 from .plan import MODES, Findings, Options
+from .regions import time_model
+from .regions.time_model import Rates as TimeModel
 from .report import FusionReport, render
+
+AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _normalize_inputs(example_inputs) -> Optional[tuple]:
@@ -63,7 +67,9 @@ def _check_budget(model, name: str, value, of_what: str, example_inputs, mode: s
         )
 
 
-def _check(model, mode: str, memory_budget, example_inputs, memory_format: str = "preserve", peak_budget=None) -> None:
+def _check(
+    model, mode: str, memory_budget, example_inputs, memory_format: str = "preserve", peak_budget=None, autocast=None
+) -> None:
     if not isinstance(model, nn.Module):
         raise ConfigurationError(f"fxfuse.optimize expects an nn.Module, got {type(model).__name__}")
     if memory_format not in layout.MEMORY_FORMATS:
@@ -74,6 +80,11 @@ def _check(model, mode: str, memory_budget, example_inputs, memory_format: str =
         raise ConfigurationError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     _check_budget(model, "memory_budget", memory_budget, "saved activation bytes", example_inputs, mode)
     _check_budget(model, "peak_budget", peak_budget, "peak memory during a train step", example_inputs, mode)
+    if autocast is not None and autocast not in AUTOCAST_DTYPES:
+        raise ConfigurationError(
+            f"autocast is the dtype the model trains in under torch.autocast, one of "
+            f"{', '.join(map(str, AUTOCAST_DTYPES))}, e.g. autocast=torch.bfloat16; got {autocast!r}"
+        )
     _extension.require()
 
 
@@ -99,7 +110,43 @@ def _run(
     return found
 
 
-def _decide(model: nn.Module, inputs, mode: str, memory_budget, peak_budget, captures: Captures) -> Options:
+def _precision(inputs, autocast) -> tuple[Optional[measure.Autocast], str]:
+    """The autocast the plan is counted under (`autocast=`, else the one enabled at the call for the example
+    inputs' device), and the report's line for it."""
+    if inputs is None:
+        return None, ""
+    if autocast is None:
+        counted = measure.autocast_in_effect(inputs)
+        origin = "enabled at the call"
+    else:
+        device_type = next((t.device.type for t in measure.memory.tensors(inputs)), "cpu")
+        if device_type == "meta":
+            raise ConfigurationError(
+                "autocast= counts under torch.autocast on the example inputs' device, which has no autocast on "
+                "meta: give example inputs on the device the model trains on (nothing is computed with them)"
+            )
+        counted, origin = measure.Autocast(device_type, autocast), "autocast="
+    if counted is not None:
+        return counted, f"counted under {counted} ({origin}), as the model trains"
+    dtypes = sorted({str(t.dtype).replace("torch.", "") for t in measure.memory.tensors(inputs)})
+    return None, f"counted in {', '.join(dtypes) or 'the inputs'} dtypes, without autocast"
+
+
+def _time_model(inputs, autocast: Optional[measure.Autocast], spec) -> time_model.Rates:
+    """The rates the ranking prices recomputes with, for the device and dtype of the example inputs (the
+    autocast dtype where counted under one)."""
+    first = next(iter(measure.memory.tensors(inputs)), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = autocast.dtype if autocast is not None else first.dtype if first is not None else torch.float32
+    try:
+        return time_model.resolve(spec, device, dtype)
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"time_model / ${time_model.ENV}: {exc}") from exc
+
+
+def _decide(
+    model: nn.Module, inputs, mode: str, memory_budget, peak_budget, captures: Captures, autocast=None
+) -> Options:
     """Find the sites of both modes on the captured graphs, and let the policy choose among them."""
     if mode == "fast" and memory_budget is None and peak_budget is None:
         return Options(mode)
@@ -114,28 +161,45 @@ def _decide(model: nn.Module, inputs, mode: str, memory_budget, peak_budget, cap
             memory,
             fast,
             None if memory_budget is None else float(memory_budget),
-            Counts(model, inputs, captures),
+            Counts(model, inputs, captures, autocast),
             peak_budget=None if peak_budget is None else float(peak_budget),
         )
     return Options(mode, decision.plan, memory_budget)
 
 
 def _optimized(
-    model: nn.Module, example_inputs, mode: str, memory_budget, memory_format: str, install: bool, peak_budget=None
+    model: nn.Module,
+    example_inputs,
+    mode: str,
+    memory_budget,
+    memory_format: str,
+    install: bool,
+    peak_budget=None,
+    autocast: Optional[torch.dtype] = None,
+    time_model_spec=None,
 ) -> FusionReport:
     inputs = _normalize_inputs(example_inputs)
     chosen = layout.decide(model, inputs, memory_format)
     if chosen.channels_last and inputs is not None:
         inputs = layout.to_channels_last(inputs)
-    captures = Captures()
-    options = _decide(model, inputs, mode, memory_budget, peak_budget, captures)
+    counted_under, precision = _precision(inputs, autocast)
+    captures = Captures(counted_under)
+    rates = None
+    if memory_budget is not None or peak_budget is not None:
+        rates = _time_model(inputs, counted_under, time_model_spec)
+    with time_model.using(rates):
+        options = _decide(model, inputs, mode, memory_budget, peak_budget, captures, counted_under)
     options = dataclasses.replace(options, channels_last=chosen.channels_last)
     found = _run(model, inputs, options, install, captures)
     if install and chosen.channels_last:
         model.to(memory_format=torch.channels_last)
     layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
-    notes = policy.device_notes(inputs) if options.plan.choice is not None else []
-    return render(options.mode, found, options.plan, layout_line, notes)
+    own_rates = rates is not None and rates.source != time_model.BUILTIN_SOURCE
+    notes = policy.device_notes(inputs, own_rates) if options.plan.choice is not None else []
+    report = render(options.mode, found, options.plan, layout_line, notes)
+    report.precision = precision
+    report.time_model = rates
+    return report
 
 
 def optimize(
@@ -146,6 +210,8 @@ def optimize(
     memory_budget: Optional[float] = None,
     memory_format: str = "preserve",
     peak_budget: Optional[float] = None,
+    autocast: Optional[torch.dtype] = None,
+    time_model: Optional[Union[str, dict, TimeModel]] = None,
 ) -> nn.Module:
     """Rewrite `model` in place so that its Conv→BN(→act), BN→act and Linear/Conv→act patterns run as fused ops.
 
@@ -173,12 +239,26 @@ def optimize(
     only where fxfuse.audit_channels_last finds no format loss and it measures faster
     (needs example_inputs); "preserve" (default) leaves layouts alone. The report's
     `layout` says what was chosen and why.
+
+    The counts are made in the precision the model trains in: under the torch.autocast enabled at
+    this call for the example inputs' device (call optimize inside the training's autocast block),
+    or under autocast=torch.bfloat16 / torch.float16 given here. Then the saved bytes counted are
+    what eager keeps under that autocast (its casted copies, low-precision activations, float32
+    statistics), and the budgets hold there. The report's `precision` says which it was.
+
+    A budget's ranking prices recomputes with a time model of the example inputs' device and
+    dtype (fusion/regions/time_model.py): on CPU its built-in rates, elsewhere the device's,
+    measured once and cached. time_model= pins them (a path to a JSON file, inline JSON or a
+    dict with seconds_per_flop, seconds_per_byte and op_seconds, as the report's
+    to_dict()["time_model"] gives them; "measure"; "builtin"), as FXFUSE_TIME_MODEL does.
     """
-    _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget)
+    _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget, autocast)
     _check_example_inputs(model, example_inputs)
     if any(is_optimized(m) for m in model.modules()):
         uninstall(model)
-    report = _optimized(model, example_inputs, mode, memory_budget, memory_format, True, peak_budget)
+    report = _optimized(
+        model, example_inputs, mode, memory_budget, memory_format, True, peak_budget, autocast, time_model
+    )
     model.fxfuse_report = report
     return model
 
@@ -191,12 +271,16 @@ def explain(
     memory_budget: Optional[float] = None,
     memory_format: str = "preserve",
     peak_budget: Optional[float] = None,
+    autocast: Optional[torch.dtype] = None,
+    time_model: Optional[Union[str, dict, TimeModel]] = None,
 ) -> FusionReport:
     """What `optimize` would fuse and skip (and why), without changing `model`."""
-    _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget)
+    _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget, autocast)
     _check_example_inputs(model, example_inputs)
     target = model
     if any(is_optimized(m) for m in model.modules()):
         target = copy.deepcopy(model)
         uninstall(target)
-    return _optimized(target, example_inputs, mode, memory_budget, memory_format, False, peak_budget)
+    return _optimized(
+        target, example_inputs, mode, memory_budget, memory_format, False, peak_budget, autocast, time_model
+    )

@@ -66,16 +66,19 @@ from .tracing import first_line
 AUTO_MAX_FLOPS_PER_BYTE = 64.0
 
 
-def device_notes(inputs) -> list[str]:
+def device_notes(inputs, rates_measured_there: bool = False) -> list[str]:
     """What the report says when the policy's CPU-measured constants rank sites for another device."""
     devices = sorted({t.device.type for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)})
-    return [device_note(device) for device in devices if device not in ("cpu", "meta")]
+    return [device_note(device, rates_measured_there) for device in devices if device not in ("cpu", "meta")]
 
 
-def device_note(device: str) -> str:
+def device_note(device: str, rates_measured_there: bool = False) -> str:
+    """`rates_measured_there`: the time model's rates are the device's own (regions/time_model.for_device, or
+    pinned), so only auto's limit and the regions' factor are the CPU's."""
+    rates = "" if rates_measured_there else "the time model's FLOP and byte rates, "
     return (
         f"on {device}: the ranking's cost constants (auto's {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B limit, "
-        f"the time model's FLOP and byte rates, regions' {ranking.REGION_TIME_COST}x) were measured on CPU and "
+        f"{rates}regions' {ranking.REGION_TIME_COST}x) were measured on CPU and "
         f"are not calibrated for {device}; measure the chosen plan with `fxfuse bench --device {device}`"
     )
 

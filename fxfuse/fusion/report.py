@@ -4,7 +4,7 @@ found and the policy's Plan (`render`), and printed with tabulate. Nothing reads
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from tabulate import tabulate
@@ -87,6 +87,8 @@ class FusionReport:
     peak_budget_met: Optional[bool] = None
     regions: list[RegionChoice] = field(default_factory=list)  # recompute regions and links chosen
     layout: str = ""  # the memory format the optimized model runs in, and why (fusion.layout)
+    precision: str = ""  # the dtypes (autocast or not) the counts and estimates were made in
+    time_model: Optional[Any] = None  # the rates a budget's ranking priced recomputes with (regions/time_model.Rates)
 
     @property
     def saved_bytes(self) -> Optional[int]:
@@ -110,6 +112,8 @@ class FusionReport:
             "peak_budget_met": self.peak_budget_met,
             "regions": [asdict(r) for r in self.regions],
             "layout": self.layout,
+            "precision": self.precision,
+            "time_model": None if self.time_model is None else self.time_model.to_dict(),
         }
 
     def __str__(self) -> str:
@@ -142,6 +146,10 @@ class FusionReport:
         lines.extend(f"note: {note}" for note in self.notes)
         if self.layout:
             lines.append(f"layout: {self.layout}")
+        if self.precision:
+            lines.append(f"precision: {self.precision}")
+        if self.time_model is not None:
+            lines.append(f"time model: {self.time_model.describe()}")
         return "\n".join(lines)
 
     __repr__ = __str__

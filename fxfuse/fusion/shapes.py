@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.fx as fx
@@ -16,8 +16,11 @@ from .. import measure
 from . import tracing
 
 
-def propagate(root: nn.Module, graph: fx.Graph, example_inputs: Sequence[Any]) -> dict[fx.Node, Any]:
-    """node -> TensorMetadata for every node that produced a single tensor.
+def propagate(
+    root: nn.Module, graph: fx.Graph, example_inputs: Sequence[Any], autocast: Optional[measure.Autocast] = None
+) -> dict[fx.Node, Any]:
+    """node -> TensorMetadata for every node that produced a single tensor, under `autocast` if given
+    (the dtypes the model trains in: measure.counting_under).
 
     Runs the graph on a meta-device copy of the model (no data is copied; nothing the
     user owns changes), or where some op has no meta kernel, on fake tensors; raises
@@ -25,17 +28,19 @@ def propagate(root: nn.Module, graph: fx.Graph, example_inputs: Sequence[Any]) -
     node before raising it; the caller reports the error, so that print is dropped.
     """
     try:
-        with _quiet():
+        with _quiet(), measure.counting_under(autocast):
             with tracing.copied_plain(root):
                 copied = measure.meta_copy(root)
             gm = fx.GraphModule(copied, graph)
-            ShapeProp(gm).propagate(*measure.to_meta(example_inputs))
+            with measure.counted_run():
+                ShapeProp(gm).propagate(*measure.to_meta(example_inputs))
     except Exception:  # noqa: BLE001 - an op without a meta kernel: FakeTensor covers more
         _clear(graph)
         gm = fx.GraphModule(root, graph)
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-        with _quiet():
+        cast = contextlib.nullcontext() if autocast is None else torch.autocast(autocast.device_type, autocast.dtype)
+        with _quiet(), cast:
             ShapeProp(gm, fake_mode=fake_mode).propagate(*fake_inputs)
     shapes = {}
     for node in graph.nodes:

@@ -9,6 +9,11 @@ imports this package.
 
 from .fit import largest_batch
 from .memory import (
+    Autocast,
+    autocast_in_effect,
+    counted_run,
+    counting_autocast,
+    counting_under,
     forward_allocated_bytes,
     forward_resident_bytes,
     median_step_times,
@@ -27,6 +32,11 @@ from .memory import (
 from .peak import PeakParts, step_peak_bytes_meta, step_peak_parts_meta
 
 __all__ = [
+    "Autocast",
+    "autocast_in_effect",
+    "counted_run",
+    "counting_autocast",
+    "counting_under",
     "PeakParts",
     "forward_allocated_bytes",
     "forward_resident_bytes",

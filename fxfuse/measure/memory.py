@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import gc
 import os
@@ -22,10 +23,12 @@ import statistics
 import sys
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake, unset_fake_temporarily
 
 try:
     import resource
@@ -35,7 +38,7 @@ except ImportError:  # Windows
 
 def storage_key(t: torch.Tensor):
     storage = t.untyped_storage()
-    if t.device.type == "meta":  # no data pointers on meta: the storage object itself is the identity
+    if t.device.type == "meta" or is_fake(t):  # no data pointers: the storage object itself is the identity
         return ("meta", storage._cdata, storage.nbytes())
     return (t.device.type, storage.data_ptr(), storage.nbytes())
 
@@ -62,21 +65,91 @@ def saved_activation_bytes(model: nn.Module, inputs: Sequence[Any]) -> int:
     return sum(seen.values())
 
 
+@dataclass(frozen=True)
+class Autocast:
+    """The autocast a count runs under: `torch.autocast(device_type, dtype)`."""
+
+    device_type: str
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return f"{str(self.dtype).replace('torch.', '')} autocast on {self.device_type}"
+
+
+def autocast_in_effect(inputs: Sequence[Any]) -> Optional[Autocast]:
+    """The autocast enabled here for the device type of `inputs` (their first tensor's; CPU without one)."""
+    device_type = next((t.device.type for t in tensors(inputs)), "cpu")
+    if device_type == "meta" or not torch.is_autocast_enabled(device_type):
+        return None
+    return Autocast(device_type, torch.get_autocast_dtype(device_type))
+
+
+# Set by `counting_under`: the autocast meta-device counts run under, and the fake-tensor mode that stands in
+# for the meta device while they do.
+_COUNTING: contextvars.ContextVar[Optional[tuple[Autocast, FakeTensorMode]]] = contextvars.ContextVar(
+    "fxfuse_counting", default=None
+)
+
+
+@contextlib.contextmanager
+def counting_under(autocast: Optional[Autocast]) -> Iterator[None]:
+    """Meta-device counts made inside this block (`meta_copy`, `to_meta` and a forward inside `counted_run`)
+    count what eager keeps under `autocast`: the casted copies, the low-precision activations, the float32
+    statistics. The meta device has no autocast, so the copies are fake tensors on `autocast.device_type`
+    (shapes only, no data, no compute, as on meta) and the forward runs under `torch.autocast` there.
+    None: plain meta-device counts (no autocast applies to them, whatever is enabled around)."""
+    token = _COUNTING.set(None if autocast is None else (autocast, FakeTensorMode(allow_non_fake_inputs=True)))
+    try:
+        yield
+    finally:
+        _COUNTING.reset(token)
+
+
+def counting_autocast() -> Optional[Autocast]:
+    """The autocast `counting_under` set for the counts made here, if any."""
+    counting = _COUNTING.get()
+    return None if counting is None else counting[0]
+
+
+@contextlib.contextmanager
+def counted_run() -> Iterator[None]:
+    """Around a forward (and backward) of `meta_copy`'s copy on `to_meta`'s inputs: under `counting_under`'s
+    fake-tensor mode and autocast, if set."""
+    counting = _COUNTING.get()
+    if counting is None:
+        yield
+        return
+    autocast, fake_mode = counting
+    with fake_mode, torch.autocast(autocast.device_type, dtype=autocast.dtype):
+        yield
+
+
+def _shape_only(t: torch.Tensor) -> torch.Tensor:
+    """A fresh data-free tensor like `t`: on meta, or a fake tensor under `counting_under`. Fresh even for a
+    model already on meta (`to` would return the same object, and the copy would share its buffers: tracing
+    would then take the copy's buffers for the model's)."""
+    counting = _COUNTING.get()
+    if counting is None:
+        return torch.empty_like(t, device="meta") if t.is_meta else t.to("meta")
+    autocast, fake_mode = counting
+    with fake_mode:
+        return torch.empty_like(t, device=autocast.device_type)
+
+
 def meta_copy(model: nn.Module) -> nn.Module:
     """A copy of `model` whose parameters and buffers live on the meta device (no data is copied),
-    its hooks silenced (`silence_hooks`)."""
+    its hooks silenced (`silence_hooks`); under `counting_under`, fake tensors stand in for meta."""
     memo: dict[int, Any] = {}
     for t in (*model.parameters(), *model.buffers()):
         if isinstance(t, nn.Parameter):
-            memo[id(t)] = nn.Parameter(t.detach().to("meta"), requires_grad=t.requires_grad)
+            memo[id(t)] = nn.Parameter(_shape_only(t.detach()), requires_grad=t.requires_grad)
         elif t.dim() == 0 and not t.is_floating_point():
             # Counters stay real (copied): BatchNorm(momentum=None) reads float(num_batches_tracked).
             memo[id(t)] = t.clone()
         else:
-            # A fresh tensor even for a model already on meta (`to` would return the same object, and the
-            # copy would share its buffers: tracing would then take the copy's buffers for the model's).
-            memo[id(t)] = torch.empty_like(t, device="meta") if t.is_meta else t.to("meta")
-    return silence_hooks(copy.deepcopy(model, memo))
+            memo[id(t)] = _shape_only(t)
+    with unset_fake_temporarily():  # the model's other attributes are copied as they are
+        return silence_hooks(copy.deepcopy(model, memo))
 
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
@@ -101,10 +174,21 @@ def silence_hooks(model: nn.Module) -> nn.Module:
 
 
 def to_meta(inputs: Sequence[Any]) -> tuple:
-    return tuple(
-        torch.empty_like(x, device="meta").requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
-        for x in inputs
-    )
+    """Data-free stand-ins for `inputs`: meta tensors, or fake tensors under `counting_under`."""
+    counting = _COUNTING.get()
+    if counting is None:
+        return tuple(
+            torch.empty_like(x, device="meta").requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+            for x in inputs
+        )
+    autocast, fake_mode = counting
+    with fake_mode:
+        return tuple(
+            torch.empty_like(x, device=autocast.device_type).requires_grad_(x.requires_grad)
+            if isinstance(x, torch.Tensor)
+            else x
+            for x in inputs
+        )
 
 
 def saved_activation_bytes_meta(
@@ -117,9 +201,10 @@ def saved_activation_bytes_meta(
     (e.g. to optimize it with a candidate selection).
     """
     copy_ = meta_copy(model)
-    if prepare is not None:
-        prepare(copy_)
-    return saved_activation_bytes(copy_, to_meta(inputs))
+    with counted_run():
+        if prepare is not None:
+            prepare(copy_)
+        return saved_activation_bytes(copy_, to_meta(inputs))
 
 
 def rss_bytes() -> int:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .memory import meta_copy, tensors, to_meta, train_step
+from .memory import counted_run, meta_copy, tensors, to_meta, train_step
 
 _serials = itertools.count()
 
@@ -90,11 +90,12 @@ def step_peak_bytes_meta(
     """Peak bytes allocated during one forward + backward (`measure.train_step`) of a meta-device copy of
     `model`; `prepare` runs on the copy first (e.g. to optimize it with a candidate selection)."""
     copy_ = meta_copy(model)
-    if prepare is not None:
-        prepare(copy_)
-    meta_inputs = to_meta(inputs)
-    with LiveBytes() as mode:
-        train_step(copy_, meta_inputs)
+    with counted_run():
+        if prepare is not None:
+            prepare(copy_)
+        meta_inputs = to_meta(inputs)
+        with LiveBytes() as mode:
+            train_step(copy_, meta_inputs)
     return mode.peak
 
 
@@ -114,11 +115,12 @@ def step_peak_parts_meta(
 ) -> PeakParts:
     """`step_peak_bytes_meta`, and what the live bytes at that peak consist of."""
     copy_ = meta_copy(model)
-    if prepare is not None:
-        prepare(copy_)
-    meta_inputs = to_meta(inputs)
-    with LiveBytes(parts=True) as mode:
-        train_step(copy_, meta_inputs, keep_grads=True)
+    with counted_run():
+        if prepare is not None:
+            prepare(copy_)
+        meta_inputs = to_meta(inputs)
+        with LiveBytes(parts=True) as mode:
+            train_step(copy_, meta_inputs, keep_grads=True)
     # A parameter's gradient counts as one at the peak only if it is the storage alive then (same
     # serial), not a later one at the same address.
     grads = {

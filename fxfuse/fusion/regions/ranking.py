@@ -63,7 +63,7 @@ class Candidate:
         if self.flops_per_byte is None:
             return None
         if not self.marginal_bytes:  # sized from the layer's weight alone (policy._intrinsic_flops_per_byte)
-            return self.flops_per_byte * time_model.SECONDS_PER_FLOP
+            return self.flops_per_byte * time_model.seconds_per_flop()
         return self.seconds / self.marginal_bytes
 
     def describe(self) -> str:
