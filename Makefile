@@ -1,8 +1,10 @@
-# Two commands on a fresh machine: `make demo` and `make test`. Each sets up
-# .venv (pinned torch/torchvision from requirements-dev.txt) and builds fxfuse._C.
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets up .venv and builds
+# fxfuse._C: `make demo` installs only what the demo needs (requirements-demo.txt: pinned torch and
+# torchvision, tabulate, the build tools), `make test` adds the test dependencies (requirements-dev.txt).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+DEMO_DEPS := $(VENV)/.demo-deps-installed
 DEPS   := $(VENV)/.deps-installed
 BUILT  := $(VENV)/.fxfuse-built
 CSRC   := $(shell find fxfuse/csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu')
@@ -15,15 +17,20 @@ all: test
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(DEPS): requirements-dev.txt | $(PY)
+$(DEMO_DEPS): requirements-demo.txt | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-demo.txt
+	touch $@
+
+$(DEPS): requirements-dev.txt $(DEMO_DEPS)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
-# FXFUSE_CUDA=0: the development build is CPU-only, so that make test stays fast on 2 cores (cuda-check
-# compiles the CUDA kernels anyway). `make build FXFUSE_CUDA=` lets setup.py decide (CUDA torch + nvcc: on).
+# FXFUSE_CUDA=0: the development build is CPU-only, so that make demo and make test stay fast on 2 cores
+# (cuda-check compiles the CUDA kernels anyway). `make build FXFUSE_CUDA=` lets setup.py decide (CUDA
+# torch + nvcc: on). ninja compiles the units in parallel (MAX_JOBS=N to change how many at once).
 FXFUSE_CUDA ?= 0
-$(BUILT): $(DEPS) $(CSRC) setup.py pyproject.toml fxfuse/_cuda_build.py
+$(BUILT): $(DEMO_DEPS) $(CSRC) setup.py pyproject.toml fxfuse/_cuda_build.py
 	FXFUSE_CUDA=$(FXFUSE_CUDA) $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 	touch $@
 
@@ -31,17 +38,17 @@ setup: $(DEPS)
 
 build: $(BUILT)
 
-test: $(BUILT) cuda-check lint
+test: $(BUILT) $(DEPS) cuda-check lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The whole model zoo (tests/support/timm_zoo.py, tests/support/dense_zoo.py) and every accuracy draw
 # (tests/test_accuracy.py): `make test` runs only their
 # representative part; -m "" lifts the default `-m 'not zoo'` from pyproject's addopts.
-zoo: $(BUILT)
+zoo: $(BUILT) $(DEPS)
 	$(PY) -m pytest -q -m "" tests/test_timm_zoo.py tests/test_torchvision_dense.py tests/test_wild_zoo.py tests/test_accuracy.py $(PYTEST_ARGS)
 
 # The timm zoo coverage table of docs/results.md.
-zoo-coverage: $(BUILT)
+zoo-coverage: $(BUILT) $(DEPS)
 	$(PY) benchmarks/zoo_coverage.py
 
 # ruff (configured in pyproject.toml): lint rules and the formatter's style; ruff format also checks

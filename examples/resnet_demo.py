@@ -1,5 +1,5 @@
-"""`make demo`: optimize a torchvision ResNet on synthetic data; print the fusion report and a
-memory/time table against eager, measured side by side in this process. Eager runs in both
+"""`make demo`: optimize a torchvision ResNet on synthetic data; print the fusion report's summary and
+a memory/time table against eager, measured side by side in this process. Eager runs in both
 layouts (NCHW and channels_last) and the faster one is the baseline; fxfuse runs in channels_last.
 
     python examples/resnet_demo.py [--model resnet18] [--batch 8] [--size 128]
@@ -30,12 +30,15 @@ def main() -> None:
         name: bench.make_variant(name, model, (x,), memory_format=layout)
         for name in ("eager", bench.EAGER_CHANNELS_LAST, "memory")
     }
-    print(variants["memory"].fxfuse_report, end="\n\n")
+    report = variants["memory"].fxfuse_report
+    print(report.summary())
+    print("each site: print(model.fxfuse_report); its full reason: model.fxfuse_report.explain(name)\n")
+    rows = bench.compare(variants, (x,), repeats=3, memory_format=layout)
     print(
-        f"{args.model}, batch {args.batch}, {args.size}x{args.size}, float32, CPU "
-        f"({torch.get_num_threads()} threads); memory = fxfuse.optimize(mode='memory') in channels_last:"
+        f"{args.model}, batch {args.batch}, {args.size}x{args.size}, float32, CPU ({torch.get_num_threads()} threads)"
     )
-    print(bench.render(bench.compare(variants, (x,), repeats=3, memory_format=layout)))
+    print("memory = fxfuse.optimize(mode='memory') in channels_last; ratios to the faster eager layout:")
+    print(bench.render_narrow(rows))
 
 
 if __name__ == "__main__":

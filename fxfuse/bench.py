@@ -513,6 +513,30 @@ def render(rows: list[Row], frontier: bool = False) -> str:
     return tabulate(table, headers=headers)
 
 
+def render_narrow(rows: list[Row]) -> str:
+    """The table in under 100 columns (`make demo`): bytes saved for backward, step peak and step time,
+    each with its ratio to the baseline row (marked *)."""
+
+    def cell(value: str, ratio: Optional[float]) -> str:
+        return value if ratio is None else f"{value} ({ratio:.3f}×)"
+
+    def size(n: Optional[int]) -> str:
+        return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+    table = [
+        (
+            r.variant + ("*" if r.baseline else ""),
+            cell(size(r.saved_bytes), r.saved_ratio),
+            cell(size(r.peak_bytes), r.peak_ratio),
+            cell(f"{r.step_seconds * 1e3:.0f} ms", r.time_ratio)
+            + ("" if r.step_spread is None else f" IQR {r.step_spread:.0%}"),
+        )
+        for r in rows
+    ]
+    headers = ["variant (*: baseline)", "saved for backward", "peak in step", "train step"]
+    return tabulate(table, headers=headers, disable_numparse=True)
+
+
 def _ratios(r: Row, other: Row) -> str:
     peak = f"{r.peak_bytes / other.peak_bytes:.3f}" if r.peak_bytes and other.peak_bytes else "-"
     return f"time {r.step_seconds / other.step_seconds:.3f}, saved {r.saved_bytes / other.saved_bytes:.3f}, peak {peak}"

@@ -175,6 +175,23 @@ def test_step_times_show_their_rounds_spread_where_measured():
     assert "500 ms (IQR 4%)" in eager and "600 ms" in memory_row and "IQR" not in memory_row
 
 
+def test_the_narrow_table_fits_100_columns():
+    rows = [
+        bench.Row("eager-channels_last", 2**30, 2**30, 12.5, peak_bytes=3 * 2**30, peak_ratio=1.0, baseline=True),
+        bench.Row("budget=0.5,peak=0.95", 2**29, 2**29, 12.9, 0.5, 0.5, 1.032, 2**30, 1 / 3, step_spread=0.12),
+        bench.Row("eager", 2**30, 2**30, 13.0, time_ratio=1.04),
+    ]
+    lines = bench.render_narrow(rows).splitlines()
+    assert all(len(line) <= 100 for line in lines)
+    assert lines[2].split() == ["eager-channels_last*", "1024.0", "MiB", "(1.000×)", "3072.0", "MiB", "(1.000×)"] + [
+        "12500",
+        "ms",
+        "(1.000×)",
+    ]
+    assert "512.0 MiB (0.500×)" in lines[3] and "1024.0 MiB (0.333×)" in lines[3] and "IQR 12%" in lines[3]
+    assert lines[4].split()[4] == "-" and "(1.040×)" in lines[4]  # no peak measured: no ratio
+
+
 def test_allocator_peak_counts_tensors_whatever_the_c_allocator_keeps():
     """The bench's memory numbers count the allocator's bytes: freed and reused memory, or
     pages the C allocator keeps resident, do not change them."""

@@ -12,7 +12,17 @@ from fxfuse.cli import main
 def test_optimize_prints_the_report(capsys):
     assert main(["optimize", "torchvision:resnet18", "--input-shape", "2,3,32,32"]) == 0
     out = capsys.readouterr().out
-    assert "21 fused" in out and "layer1.0.conv1 + layer1.0.bn1 + layer1.0.relu" in out
+    assert "21 sites fused, 8 covered, 0 skipped" in out and "layer1.0.{bn1,relu}" in out
+    assert all(len(line) <= 100 for line in out.splitlines())
+    assert "layer1.0.conv1 + layer1.0.bn1 + layer1.0.relu" not in out  # covered: counted, no row
+
+
+def test_optimize_verbose_gives_every_full_reason(capsys):
+    assert main(["optimize", "torchvision:resnet18", "--input-shape", "2,3,32,32", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "covered layer1.0.conv1 + layer1.0.bn1 + layer1.0.relu (conv2d→batch_norm2d→relu): runs in" in out
+    assert "rebuilt in layer1.0.conv2's backward" in " ".join(out.split())  # past the short form
+    assert all(len(line) <= 100 for line in out.splitlines())
 
 
 def test_optimize_json_and_fast_mode(capsys):
@@ -29,8 +39,8 @@ def test_optimize_json_and_fast_mode(capsys):
 
 
 def test_factory_spec(capsys):
-    assert main(["optimize", "tests.test_cli:small_model", "--input-shape", "2,3,8,8"]) == 0
-    assert "conv2d→batch_norm2d→relu" in capsys.readouterr().out
+    assert main(["optimize", "tests.test_cli:small_model", "--input-shape", "2,3,8,8", "--verbose"]) == 0
+    assert "(conv2d→batch_norm2d→relu) as fxfuse::conv_bn_act" in capsys.readouterr().out
 
 
 def small_model():

@@ -149,10 +149,12 @@ def test_report_says_which_mode_chose_each_site():
     assert "no conv recompute" in fast.fused[0].reason
     for report in (memory, fast):
         table = str(report)
-        assert "mode" in table.splitlines()[1] and "why" in table.splitlines()[1]
+        assert "why" in table and f"(mode={report.mode})" in table.splitlines()[0]
         for site in report.fused:
             row = next(line for line in table.splitlines() if line.startswith(site.name))
-            assert f" {report.mode} " in row and site.reason in row
+            assert site.short in row and site.short.split(", ")[0] in site.reason  # the pass's first clause
+            assert f"mode {report.mode}" in report.explain(site.name)
+            assert " ".join(site.reason.split()) in " ".join(report.explain(site.name).split())
         assert report.to_dict()["fused"][0]["mode"] == report.mode
 
 

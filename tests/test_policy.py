@@ -310,7 +310,8 @@ def test_memory_mode_recomputes_no_conv_that_frees_nothing():
     report = optimized.fxfuse_report
     recomputes = [s for s in report.fused if s.recomputes]
     assert len(recomputes) == 21  # the stem, 16 conv3 (output kept for the residual add), 4 downsample
-    idle = [s for s in report.skipped if "free nothing" in s.reason]
+    assert not [s for s in report.skipped if "free nothing" in s.reason]  # covered by bn_act_conv, not skipped
+    idle = [s for s in report.covered if "free nothing" in s.reason and s.op == "fxfuse::bn_act_conv"]
     assert len(idle) == 32 and {s.modules[0].rsplit(".", 1)[-1] for s in idle} == {"conv1", "conv2"}
     every = _resnet()
     every_report = _run(every, (x,), Options("memory"), install=True)  # every conv recomputed: mode="memory" before

@@ -1,5 +1,6 @@
 """fusion/report.py: the FusionReport rendered from the sites the passes found and the policy's Plan."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -149,3 +150,109 @@ def test_sites_that_may_not_save_under_autocast_are_named_there():
     found.sites[4:] = []
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not any("autocast" in n for n in render("memory", found).notes)
+
+
+# ---------------------------------------------------------------- 100 columns
+
+
+def _long_found():
+    """Sites with names and reasons far wider than a terminal."""
+    long = tuple(f"encoder.stages.{i}.blocks.{i}.very_long_module_name_{'x' * 30}" for i in range(3))
+    reason = "keeps the conv input; " + "a reason that goes on and on " * 12
+    site = SiteData(long, ("conv2d", "batch_norm2d", "relu"), "fxfuse::conv_bn_act", "relu", True, 4096, 9000, reason)
+    skip = Skip((long[1], "decoder." + "y" * 80), ("conv2d", "batch_norm2d"), "a skip reason that is long " * 10)
+    return Findings([site], [skip], ["a note " * 40]), long, reason
+
+
+def test_every_line_fits_100_columns_and_explain_gives_the_whole_reason():
+    found, long, reason = _long_found()
+    report = render("memory", found, layout="channels_last (memory_format='channels_last') " * 3)
+    lines = str(report).splitlines()
+    assert lines[0].startswith("fxfuse report (mode=memory): 1 sites fused") and "1 skipped" in lines[0]
+    assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+    assert "keeps the conv input" in str(report) and reason not in str(report)  # the short form only
+    full = report.explain(" + ".join(long))
+    assert " ".join(reason.split()) in " ".join(full.split()) and all(len(line) <= 100 for line in full.splitlines())
+    by_module = report.explain(long[1])  # a module names every entry that holds it: the site and the skip
+    assert by_module.startswith(full) and "skipped " in by_module
+    assert ("a skip reason that is long " * 10).strip() in " ".join(by_module.split())
+    with pytest.raises(KeyError, match="no site"):
+        report.explain("not.a.module")
+
+
+def _check_width(report):
+    text = str(report)
+    too_wide = [line for line in text.splitlines() if len(line) > 100]
+    assert not too_wide, "\n".join(too_wide)
+    assert all(len(line) <= 100 for line in report.details().splitlines())
+    for site in [*report.fused, *report.skipped, *report.covered]:
+        # the full reason is on demand, whatever the table shows
+        assert " ".join(site.reason.split()) in " ".join(report.explain(site.name).split())
+    return text
+
+
+def _resnet18():
+    import torchvision
+
+    return torchvision.models.resnet18()
+
+
+def _resnet50():
+    import torchvision
+
+    return torchvision.models.resnet50()
+
+
+def _convnext():
+    import timm
+
+    return timm.create_model("convnext_atto", pretrained=False, num_classes=10)
+
+
+@pytest.mark.parametrize(
+    "build, options",
+    [
+        (_resnet18, {"mode": "memory"}),
+        (_resnet18, {"mode": "fast"}),
+        (_resnet18, {"mode": "auto"}),
+        (_resnet50, {"mode": "memory", "memory_format": "channels_last"}),
+        (_resnet18, {"memory_budget": 0.5, "peak_budget": 0.9}),
+        (_convnext, {"mode": "memory"}),
+        (_convnext, {"mode": "fast"}),
+        (_convnext, {"mode": "auto", "memory_budget": 0.6}),
+    ],
+    ids=[
+        "resnet18-memory",
+        "resnet18-fast",
+        "resnet18-auto",
+        "resnet50-memory-cl",
+        "resnet18-budget",
+        "convnext-memory",
+        "convnext-fast",
+        "convnext-budget",
+    ],
+)
+def test_real_reports_fit_100_columns(build, options):
+    torch.manual_seed(0)
+    report = fxfuse.explain(build(), torch.randn(2, 3, 64, 64), **options)
+    text = _check_width(report)
+    assert text.splitlines()[0].startswith(f"fxfuse report (mode={report.mode}): {len(report.fused)} sites fused")
+    assert "fused per op: " in text and "recompute in backward: " in text
+    if report.budget is not None:
+        assert f"memory budget {report.budget:.2f}× {'met' if report.budget_met else 'NOT met'}" in text
+
+
+def test_sites_another_op_covers_are_not_skipped():
+    """ResNet-18 in memory mode: each conv1→bn1→relu of a block runs as ATen's conv with its BN→ReLU
+    merged into conv2 (bn_act_conv); the report counts these 8 as covered, not skipped."""
+    report = fxfuse.explain(_resnet18(), torch.randn(2, 3, 64, 64))
+    assert not report.skipped and len(report.covered) == 8
+    fused = {s.name: s for s in report.fused}
+    for c in report.covered:
+        assert c.modules[0].endswith("conv1") and c.op == "fxfuse::bn_act_conv"
+        assert fused[c.by].op == c.op and set(c.modules[1:]) <= set(fused[c.by].modules)
+        assert "free nothing" in report.explain(c.name)
+    text = _check_width(report)
+    assert text.splitlines()[0] == "fxfuse report (mode=memory): 21 sites fused, 8 covered, 0 skipped"
+    assert "\nskipped " not in text and "layer1.0.conv1" not in text  # no row: counted in the summary
+    assert "covered, not skipped: 8 sites run in another fused site (8 in bn_act_conv)" in text

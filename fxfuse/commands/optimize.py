@@ -51,6 +51,9 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--eval", action="store_true", help="analyse the model in eval mode")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--verbose", action="store_true", help="after the report, every site's full reason (report.explain)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -65,5 +68,10 @@ def run(args: argparse.Namespace) -> int:
         memory_format=args.memory_format,
         peak_budget=args.peak_budget,
     )
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(report)
+        if args.verbose:
+            print("\n" + report.details())
     return 0
