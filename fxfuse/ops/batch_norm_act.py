@@ -12,7 +12,6 @@ autograd formulas are registered here.
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Sequence
 
 import torch
@@ -23,41 +22,9 @@ from . import compiled, rebuild
 from .autograd_kernel import register_autograd
 from .checks import apply_activation, autocast_on, check_act, fused_call, kernels_apply, stats_like
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
+from .running_stats import update_running_stats
 
-__all__ = ["batch_norm_act", "update_running_stats"]
-
-
-def update_running_stats(
-    running_mean: Tensor, running_var: Tensor, mean: Tensor, unbiased_var: Tensor, momentum: float
-) -> None:
-    """running = momentum * batch + (1 - momentum) * running, rounded as ATen's CPU batch_norm
-    rounds it (batch_norm_cpu_update_stats_template): momentum in the statistics' dtype, the mean
-    update in that dtype, the variance's momentum * unbiased_var term in double; half statistics
-    are updated in double and rounded once, as eager's are (bfloat16 ones: see the tests).
-
-    In eager, fxfuse::update_running_stats_ does it in one call (4 us for 256 channels, against
-    31 for the ATen calls below): a loop with the same roundings on CPU for float and double, the
-    same ATen calls from C++ elsewhere. Traced (torch.compile, export) or without fxfuse._C, the
-    calls below run."""
-    if running_mean.is_meta:  # no values to update (the budget's meta-device counts): ten ops saved per BN
-        return
-    with torch.no_grad():  # the batch's statistics may require grad: the running ones get no history
-        if _native_update() and not torch.compiler.is_compiling():
-            torch.ops.fxfuse.update_running_stats_(running_mean, running_var, mean, unbiased_var, momentum)
-            return
-        if running_mean.dtype == torch.float16:  # eager: the update in double, one rounding to half
-            running_mean.copy_(momentum * mean.double() + (1 - momentum) * running_mean.double())
-            running_var.copy_(momentum * unbiased_var.double() + (1 - momentum) * running_var.double())
-            return
-        m = torch.tensor(momentum, dtype=running_mean.dtype)
-        running_mean.copy_(m * mean + (1 - m) * running_mean)
-        var_term = m.to(torch.float64) * unbiased_var.to(torch.float64)
-        running_var.copy_(var_term + ((1 - m.to(running_var.dtype)) * running_var).to(torch.float64))
-
-
-@functools.cache
-def _native_update() -> bool:
-    return hasattr(torch.ops.fxfuse, "update_running_stats_")
+__all__ = ["batch_norm_act"]
 
 
 def normalize_act(
@@ -233,10 +200,6 @@ def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var
     return _gradients(ctx, grad_out, (0, 1, 2), 9)
 
 
-def _update_running_stats_fake(running_mean, running_var, mean, unbiased_var, momentum):
-    return None
-
-
 def register() -> None:
     """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
     for name, fake in (
@@ -247,7 +210,6 @@ def register() -> None:
         ("bn_act_backward_", _bn_act_backward_inplace_fake),
         ("bn_act_backward_into_grad_", _bn_act_backward_inplace_fake),
         ("batch_norm_act", _batch_norm_act_fake),
-        ("update_running_stats_", _update_running_stats_fake),
     ):
         torch.library.register_fake(f"fxfuse::{name}", fake)
     register_autograd("fxfuse::bn_act", _bn_act_bwd, setup_context=_bn_act_setup)

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from . import compiled
 from .autograd_kernel import register_autograd
-from .batch_norm_act import batch_norm_act, batch_ok, normalize_act, update_running_stats
+from .batch_norm_act import batch_norm_act, batch_ok, normalize_act
 from .checks import (
     _AUTOCAST_CASTS,
     AUTOCAST_DEVICES,
@@ -47,6 +47,7 @@ from .checks import (
 )
 from .conv_bn_act import conv_bn_act
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
+from .running_stats import update_running_stats
 
 __all__ = ["bn_act_conv"]
 
