@@ -2,7 +2,6 @@
 bn_act_backward and their in-place forms; fxfuse/ops/batch_norm_act.py): against the plain-PyTorch
 reference (tests/support/reference.py), opcheck, gradcheck, the device-generic kernels."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -115,5 +114,3 @@ def test_generic_kernels_match_reference(act, fmt):
     torch.testing.assert_close(y, got[0], rtol=0, atol=0)
     torch.testing.assert_close(gw, got[1], rtol=0, atol=0)
     assert gb is None
-
-

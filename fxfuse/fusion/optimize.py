@@ -107,9 +107,9 @@ def _decide(model: nn.Module, inputs, mode: str, memory_budget, peak_budget, cap
     fast = _run(model, inputs, Options("fast"), False, captures).sites
     if memory_budget is None and peak_budget is None:
         choose = policy.choose_auto if mode == "auto" else policy.choose_memory
-        decision = choose(model, memory, fast)
+        plan = choose(model, memory, fast)
     else:
-        decision = policy.choose_budget(
+        plan = policy.choose_budget(
             model,
             memory,
             fast,
@@ -117,7 +117,7 @@ def _decide(model: nn.Module, inputs, mode: str, memory_budget, peak_budget, cap
             Counts(model, inputs, captures),
             peak_budget=None if peak_budget is None else float(peak_budget),
         )
-    return Options(mode, decision.plan, memory_budget)
+    return Options(mode, plan, memory_budget)
 
 
 def _optimized(

@@ -8,28 +8,10 @@ from typing import Optional
 
 from tabulate import tabulate
 
-from .plan import Choice, Findings, Plan, RegionChoice, SiteData, Skip, site_in_region
+from .plan import Choice, Findings, Plan, SiteData, Skip, site_in_region
+from .wording import RegionChoice, format_bytes, format_flops, limit, region_rows, rejected_rows
 
 __all__ = ["FusedSite", "FusionReport", "RegionChoice", "SkippedSite", "format_bytes", "format_flops", "render"]
-
-
-def format_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def format_flops(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} FLOP"
 
 
 @dataclass
@@ -183,17 +165,18 @@ def _fused(site: SiteData, mode: str, choice: Optional[Choice]) -> FusedSite:
     if choice is None:
         return fused
     fused.mode = mode
+    said = limit(choice)
     why = None
     region = next((r for r in choice.recomputed_regions if site_in_region(site.names, r)), None)
     if site.names in choice.upgrades:
-        why = f"{choice.limit}: {choice.upgrades[site.names]}"
+        why = f"{said}: {choice.upgrades[site.names]}"
     elif region is not None:
         why = (
-            f"{choice.limit}: inside recomputed region {region.name}, pointwise form "
+            f"{said}: inside recomputed region {region.name}, pointwise form "
             "(its conv is recomputed once, by the region)"
         )
     elif site.names in choice.pointwise_only:
-        why = f"{choice.limit}: pointwise recompute only"
+        why = f"{said}: pointwise recompute only"
     if why:
         fused.reason = f"{why}; {fused.reason}" if fused.reason else why
     return fused
@@ -204,7 +187,7 @@ def _per_byte(flops_per_byte: Optional[float]) -> str:
 
 
 def _say_choice(report: FusionReport, choice: Choice) -> None:
-    report.regions.extend(choice.regions)
+    report.regions.extend(region_rows(choice))
     for site in choice.idle:
         report.skipped.append(
             SkippedSite(
@@ -218,7 +201,7 @@ def _say_choice(report: FusionReport, choice: Choice) -> None:
         why = "the budget is met without it"
     else:
         why = f"above the auto limit of {choice.auto_limit:.0f} FLOP/B"
-    for c in choice.rejected:
+    for c in rejected_rows(choice):
         cost = c.cost or _per_byte(c.flops_per_byte)
         if not c.region:
             reason = f"recompute not chosen: {cost}, {why}"
