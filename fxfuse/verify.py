@@ -10,6 +10,7 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
+from . import fusion
 from .testing import (
     FP64_MULTIPLIER,
     Check,
@@ -145,13 +146,11 @@ def verify(
         A VerifyReport; ``report.ok`` is True when everything matched. Errors raised
         by fxfuse.optimize (an unknown `mode`, say) propagate.
     """
-    from .fusion import optimize  # here, not at the top: fxfuse.optimize loads the compiled ops
-
     validate_options(steps, dtype, rtol, atol)
     inputs = cast_inputs(example_inputs, dtype)
     reference = copy_model(model, dtype).train()
     reference64 = float64_copy(reference) if fp64_reference and needs_float64_reference(reference, inputs) else None
-    candidate = optimize(copy_model(model, dtype).train(), inputs, mode=mode)
+    candidate = fusion.optimize(copy_model(model, dtype).train(), inputs, mode=mode)
     checks = compare_models(reference, candidate, inputs, steps=steps, rtol=rtol, atol=atol, reference64=reference64)
     return VerifyReport(
         checks=checks,

@@ -12,7 +12,8 @@ from fxfuse import _extension
 
 ROOT = Path(__file__).resolve().parents[1]
 # The BN(+activation) building blocks of batch_norm_act, conv_bn_act and bn_act_conv: no wrapper of
-# their own (ops/batch_norm_act.py registers them, generic/bn_act.cpp implements them).
+# their own (ops/batch_norm_act.py registers them, generic/bn_act.cpp implements them); and the running
+# statistics update they all call (ops/running_stats.py).
 INTERNAL = {"bn_stats", "bn_act", "bn_act_", "bn_act_backward", "bn_act_backward_", "bn_act_backward_into_grad_"}
 INTERNAL |= {"update_running_stats_"}
 # max_pool2d's backward rebuilds ATen's indices with it (ops/max_pool2d.py, generic/max_pool2d.cpp).
@@ -29,6 +30,7 @@ SHARED = {
     "linear_common",
     "rebuild",
     "routing",
+    "running_stats",
 }
 # The cat_ variants of four ops (their input's concatenated pieces kept instead): defined in Python over
 # the base ops' kernels and autograd, so one family named cat_input in every layer and no generic .cpp.

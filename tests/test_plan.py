@@ -46,6 +46,6 @@ def test_an_activation_without_a_name_of_its_own_makes_every_name_a_layer():
 
 
 def test_the_choice_is_not_part_of_a_plans_identity():
-    choice = Choice("budget", "budget 0.30×")
+    choice = Choice("budget", budget=0.3)
     assert Plan(frozenset(), choice=choice) == Plan(frozenset())
     assert Plan(frozenset({("a.conv",)}), choice=choice).scoped("a").choice is None  # only the whole model's plan

@@ -5,9 +5,10 @@ import torch
 from torch import nn
 
 import fxfuse
-from fxfuse.fusion.plan import Choice, Findings, Plan, RegionChoice, Rejected, SiteData, Skip
-from fxfuse.fusion.regions.costs import RegionCost
-from fxfuse.fusion.report import render
+from fxfuse.fusion.plan import Choice, Findings, Plan, SiteData, Skip
+from fxfuse.fusion.regions import ranking
+from fxfuse.fusion.regions.costs import LinkCost, RegionCost
+from fxfuse.fusion.report import RegionChoice, render
 
 
 def _found():
@@ -47,48 +48,60 @@ def test_without_a_policy_the_sites_are_rendered_as_found():
     assert report.budget is None and report.regions == [] and report.saved_bytes is None
 
 
+def _entries():
+    """Ranking entries (fusion/regions/ranking.py) on the sites of _found()."""
+    upgrade, unknown, _, fallback = _found().sites
+    rejected_site = SiteData(("c6", "b6"), ("conv2d", "batch_norm2d"), "fxfuse::conv_bn_act", recomputes=True)
+    region_cost = RegionCost("blk", "block", ("blk.conv", "blk.b"), flops=5000, freed_bytes=300)
+    return (
+        ranking.Candidate(upgrade, [], 400, 22.0),
+        ranking.Candidate(unknown, [], None, None),
+        ranking.RegionCandidate(region_cost, "region", 5000 / 300),
+        ranking.Candidate(rejected_site, [fallback], 300, 300.0),
+        ranking.RegionCandidate(LinkCost("a", "b", 2_000_000, 4096), "link", 12.0),
+    )
+
+
 def test_the_choice_is_worded_from_data():
-    region = RegionChoice("blk", "region", 5000, 300, "budget 0.30×: 17 FLOP/B; block keeps only its inputs")
+    c1, c2, region, c6, link = _entries()
+    selection = ranking.Selection(frozenset(), {("b3", "r3")}, (("blk",),), [c1, c2], [region])
     choice = Choice(
         "budget",
-        "budget 0.30×",
-        upgrades={("c1", "b1", "r1"): "22 FLOP/B, 2.0 B moved/B, est. 1.50 ms", ("c2", "b2"): "recompute cost unknown"},
-        recomputed_regions=[RegionCost("blk", "block", ("blk.conv", "blk.b"), flops=5000, freed_bytes=300)],
-        pointwise_only=frozenset({("b3", "r3")}),
-        regions=[region],
+        64.0,
+        selection,
+        chosen=[c1, c2, region],
+        rejected=[c6, link],
         idle=[SiteData(("c5", "b5", "r5"), ("conv2d", "batch_norm2d", "relu"), "fxfuse::conv_bn_act")],
-        rejected=[
-            Rejected(("c6", "b6"), ("conv2d", "batch_norm2d"), 300.0, cost="300 FLOP/B, 2.0 B moved/B, est. 4.00 ms"),
-            Rejected(("a→b",), ("link",), 12.0, True, 2_000_000, 4096),
-        ],
         budget=0.3,
         eager_bytes=1000,
         selected_bytes=250,
-        met=True,
         notes=["a note of the policy"],
     )
     report = render("memory", _found(), Plan(frozenset(), choice=choice), notes=("a device note",))
     reasons = [s.reason for s in report.fused]
-    assert reasons[0] == "budget 0.30×: 22 FLOP/B, 2.0 B moved/B, est. 1.50 ms; keeps the conv input"
+    assert reasons[0] == f"budget 0.30×: {c1.describe()}; keeps the conv input"
+    assert c1.describe().startswith("22 FLOP/B")
     assert reasons[1] == "budget 0.30×: recompute cost unknown"
     assert reasons[2] == (
         "budget 0.30×: inside recomputed region blk, pointwise form (its conv is recomputed once, by the region); r"
     )
     assert reasons[3] == "budget 0.30×: pointwise recompute only"
     assert {s.mode for s in report.fused} == {"memory"}
-    assert report.regions == [region]
+    what = "block keeps only its inputs; backward runs its forward again (sites inside: pointwise form)"
+    assert report.regions == [RegionChoice("blk", "block", 5000, 300, f"budget 0.30×: {region.describe()}; {what}")]
     skipped = [(s.name, s.pattern, s.reason) for s in report.skipped]
     assert skipped[1][:2] == ("c5 + b5 + r5", "conv2d→batch_norm2d→relu") and "free nothing" in skipped[1][2]
     assert skipped[2] == (
         "c6 + b6",
         "conv2d→batch_norm2d",
-        "recompute not chosen: 300 FLOP/B, 2.0 B moved/B, est. 4.00 ms, the budget is met without it",
+        f"recompute not chosen: {c6.describe()}, the budget is met without it",
     )
     assert skipped[3] == (
         "a→b",
         "link",
-        "link not recomputed: 12 FLOP/B (2.00 MFLOP for 4.0 KiB), the budget is met without it",
+        f"link not recomputed: {link.describe()} (2.00 MFLOP for 4.0 KiB), the budget is met without it",
     )
+    assert link.describe().startswith("12 FLOP/B")
     assert (report.budget, report.eager_saved_bytes, report.selected_saved_bytes, report.budget_met) == (
         0.3,
         1000,
@@ -101,11 +114,10 @@ def test_the_choice_is_worded_from_data():
 
 
 def test_auto_says_its_limit():
-    choice = Choice(
-        "auto", "auto: ≤ 64 FLOP/B", 64.0, rejected=[Rejected(("c1", "b1"), ("conv2d", "batch_norm2d"), 288.0)]
-    )
+    *_, c6, _ = _entries()
+    choice = Choice("auto", 64.0, ranking.Selection(frozenset(), set(), ()), rejected=[c6])
     report = render("auto", Findings(), Plan(frozenset(), choice=choice))
-    assert report.skipped[0].reason == "recompute not chosen: 288 FLOP/B, above the auto limit of 64 FLOP/B"
+    assert report.skipped[0].reason == (f"recompute not chosen: {c6.describe()}, above the auto limit of 64 FLOP/B")
 
 
 def test_recomputing_is_what_a_site_costs_in_flops():

@@ -154,9 +154,9 @@ def _decide(
     fast = _run(model, inputs, Options("fast"), False, captures).sites
     if memory_budget is None and peak_budget is None:
         choose = policy.choose_auto if mode == "auto" else policy.choose_memory
-        decision = choose(model, memory, fast)
+        plan = choose(model, memory, fast)
     else:
-        decision = policy.choose_budget(
+        plan = policy.choose_budget(
             model,
             memory,
             fast,
@@ -164,7 +164,7 @@ def _decide(
             Counts(model, inputs, captures, autocast),
             peak_budget=None if peak_budget is None else float(peak_budget),
         )
-    return Options(mode, decision.plan, memory_budget)
+    return Options(mode, plan, memory_budget)
 
 
 def _optimized(

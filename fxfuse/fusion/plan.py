@@ -1,5 +1,5 @@
 """The data the pipeline passes down: the sites the passes find (`SiteData`, `Findings`), the
-policy's choice (a `Plan`, with why it chose it: `Choice`) and the user's `Options`.
+policy's choice (a `Plan`, with the decision behind it: `Choice`) and the user's `Options`.
 
 A site's identity is its names: module paths (or `scope:function` for functional calls), as in
 the report. A Plan names what to rewrite rather than pointing at graph nodes, so the same plan
@@ -12,8 +12,9 @@ reads a FusionReport back.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 # What users pass as mode=: the passes see "memory" or "fast" (Options.pass_mode).
 MODES = ("memory", "fast", "auto")
@@ -83,54 +84,66 @@ class Findings:
 
 
 @dataclass
-class RegionChoice:
-    """A recompute region (or a link chaining two) that a budget chose (fusion/regions/ranking.py)."""
-
-    name: str
-    kind: str  # a region's kind ("block", "run", "chain") or "link"
-    recompute_flops: int
-    saved_bytes: int  # activation bytes it frees, as estimated on the meta device
-    reason: str
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """An entry of the policy's ranking it did not take: an upgrade (a site's names and pattern), or
-    a region or link (its name, and its kind as the pattern)."""
-
-    names: tuple[str, ...]
-    pattern: tuple[str, ...]
-    flops_per_byte: Optional[float]
-    region: bool = False
-    recompute_flops: Optional[int] = None  # regions and links
-    freed_bytes: Optional[int] = None  # regions and links
-    cost: str = ""  # its cost in words, as the ranking describes it (FLOP/B, bytes moved, estimated time)
-
-
-@dataclass
 class Choice:
-    """Why the policy chose its plan, as data: report.render says it in words."""
+    """The policy's decision and what it counted on the way, as data: report.render says it in words
+    (fusion/wording.py). The entries are the ranking's (fusion/regions/ranking.py): upgrades (`kind`
+    "upgrade": a site and the pointwise sites it replaces), regions, links and the rebuild. The policy
+    fills it in as it searches; what is derived from the selection is read once it is done (cached)."""
 
     policy: str  # "auto", "memory" or "budget"
-    limit: str  # what decided, e.g. "budget 0.30×"
     auto_limit: Optional[float] = None  # mode="auto": the FLOP/B an upgrade may cost at most
-    upgrades: dict = field(default_factory=dict)  # names of each upgrade taken -> its cost, in words
-    # The regions chosen (regions.costs.RegionCost: name, kind, modules), in ranking order: a site inside
-    # one (site_in_region) runs in its pointwise form there.
-    recomputed_regions: list = field(default_factory=list)
-    pointwise_only: frozenset = frozenset()  # names of pointwise sites kept in place of a rejected upgrade
-    regions: list[RegionChoice] = field(default_factory=list)  # regions and links chosen
+    # What the taken prefix selects (regions.ranking.Selection): the upgrades, regions, links and rebuild in
+    # effect, the links run flat, the pointwise sites kept in place of an upgrade. None: nothing chosen yet.
+    selection: Any = None
+    chosen: list = field(default_factory=list)  # the prefix of the ranking taken, in ranking order
+    rejected: list = field(default_factory=list)  # the rest of the ranking
     idle: list[SiteData] = field(default_factory=list)  # mode="memory": upgrades left out as freeing nothing
-    rejected: list[Rejected] = field(default_factory=list)
     budget: Optional[float] = None
     eager_bytes: Optional[int] = None
-    selected_bytes: Optional[int] = None
-    met: Optional[bool] = None
+    selected_bytes: Optional[int] = None  # saved for backward with this selection (meta-device count)
     peak_budget: Optional[float] = None
     eager_peak_bytes: Optional[int] = None
-    selected_peak_bytes: Optional[int] = None
-    peak_met: Optional[bool] = None
+    selected_peak_bytes: Optional[int] = None  # peak during a train step with this selection (meta device)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def met(self) -> Optional[bool]:
+        if self.budget is None or self.eager_bytes is None or self.selected_bytes is None:
+            return None
+        return self.selected_bytes <= self.budget * self.eager_bytes
+
+    @property
+    def peak_met(self) -> Optional[bool]:
+        if self.peak_budget is None or self.eager_peak_bytes is None or self.selected_peak_bytes is None:
+            return None
+        return self.selected_peak_bytes <= self.peak_budget * self.eager_peak_bytes
+
+    @functools.cached_property
+    def recomputed(self) -> list:
+        """The regions, links and rebuild that run, in ranking order: an inner region a region around it
+        replaced (ranking.select) is not recomputed on its own; the rebuild as the selection counted it."""
+        selection = self.selection
+        kept = [*selection.regions, *selection.links]
+        rebuild = selection.rebuild
+        entries = [rebuild if e.kind == "rebuild" else e for e in self.chosen if e.kind != "upgrade"]
+        return [e for e in entries if e is not None and (e is rebuild or any(e is k for k in kept))]
+
+    @functools.cached_property
+    def recomputed_regions(self) -> list:
+        """The regions recomputed (regions.costs.RegionCost: name, kind, modules), in ranking order: a site
+        inside one (site_in_region) runs in its pointwise form there."""
+        return [e.cost for e in self.recomputed if e.kind == "region"]
+
+    @functools.cached_property
+    def upgrades(self) -> dict:
+        """Names of each upgrade in effect -> its cost, in words."""
+        return {c.site.names: c.describe() for c in self.selection.upgrades}
+
+    @functools.cached_property
+    def pointwise_only(self) -> frozenset:
+        """Names of the pointwise sites kept in place of an upgrade not taken."""
+        replaced = {p.names for c in self.rejected if c.kind == "upgrade" for p in c.fallback}
+        return frozenset(replaced & set(self.selection.fallback))
 
 
 @dataclass(frozen=True)

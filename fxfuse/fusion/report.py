@@ -14,7 +14,8 @@ from typing import Any, Optional
 import torch
 from tabulate import tabulate
 
-from .plan import Choice, Findings, Plan, RegionChoice, SiteData, Skip, site_in_region
+from .plan import Choice, Findings, Plan, SiteData, Skip, site_in_region
+from .wording import RegionChoice, format_bytes, format_flops, limit, region_rows, rejected_rows
 
 __all__ = [
     "CoveredSite",
@@ -29,25 +30,6 @@ __all__ = [
 
 WIDTH = 100  # the columns str(report) fits in
 NAME_WIDTH = 34  # a site's column: longer names are shortened (report.explain takes the full one)
-
-
-def format_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def format_flops(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} FLOP"
 
 
 @dataclass
@@ -395,21 +377,22 @@ def _fused(site: SiteData, mode: str, choice: Optional[Choice]) -> FusedSite:
     if choice is None:
         return fused
     fused.mode = mode
+    said = limit(choice)
     why = None
     region = next((r for r in choice.recomputed_regions if site_in_region(site.names, r)), None)
     if site.names in choice.upgrades:
-        why = f"{choice.limit}: {choice.upgrades[site.names]}"
+        why = f"{said}: {choice.upgrades[site.names]}"
         per_byte = re.search(r"[\d.]+ FLOP/B", choice.upgrades[site.names])
         if per_byte:
             fused.short = f"{fused.short}, {per_byte.group()}" if fused.short else per_byte.group()
     elif region is not None:
         why = (
-            f"{choice.limit}: inside recomputed region {region.name}, pointwise form "
+            f"{said}: inside recomputed region {region.name}, pointwise form "
             "(its conv is recomputed once, by the region)"
         )
         fused.short = f"pointwise, in recomputed region {region.name}"
     elif site.names in choice.pointwise_only:
-        why = f"{choice.limit}: pointwise recompute only"
+        why = f"{said}: pointwise recompute only"
         fused.short = f"pointwise only: {fused.short}" if fused.short else "pointwise recompute only"
     if why:
         fused.reason = f"{why}; {fused.reason}" if fused.reason else why
@@ -432,7 +415,7 @@ def _per_byte(flops_per_byte: Optional[float]) -> str:
 
 
 def _say_choice(report: FusionReport, choice: Choice) -> None:
-    report.regions.extend(choice.regions)
+    report.regions.extend(region_rows(choice))
     for site in choice.idle:
         _skip_or_cover(
             report,
@@ -448,7 +431,7 @@ def _say_choice(report: FusionReport, choice: Choice) -> None:
     else:
         why = f"above the auto limit of {choice.auto_limit:.0f} FLOP/B"
         why_short = f"above auto's {choice.auto_limit:.0f} FLOP/B"
-    for c in choice.rejected:
+    for c in rejected_rows(choice):
         cost = c.cost or _per_byte(c.flops_per_byte)
         frees = f" for {format_bytes(c.freed_bytes)}" if c.freed_bytes is not None else ""
         short = f"{_per_byte(c.flops_per_byte)}{frees}; {why_short}"

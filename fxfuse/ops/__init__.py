@@ -14,7 +14,8 @@ the CPU and device-generic kernels) and then registers every op's fake kernels a
 the ops that keep them (not an op). `compiled` holds the opt-in ATen compositions the wrappers run
 under torch.compile; `flops`
 the ops' formulas for torch.utils.flop_counter; `routing` the switch (`generic_path()`) that
-runs the device-generic implementations on CPU.
+runs the device-generic implementations on CPU; `running_stats` the running-statistics update the BN ops
+and their compositions share.
 
 As in torchvision.ops, the package attribute of an op's name is the op's function, not its
 module: reach a module through `from fxfuse.ops.<op> import ...` or sys.modules.
@@ -29,6 +30,7 @@ from . import (
     compiled,
     flops,
     routing,  # noqa: F401  (fxfuse.ops.routing: the generic_path switch)
+    running_stats,
 )
 from .act_linear import act_linear
 from .act_linear_scale import act_linear_scale
@@ -68,6 +70,7 @@ if _extension.loaded():
         sys.modules[f"{__name__}.{_op}"].register()
     cat_input.register()  # on the ops' autograd: the cat_ variants of four of them
     flops.register()
+    running_stats.register()  # fxfuse::update_running_stats_, which the BN ops call
 
 __all__ = [
     "ACTIVATIONS",

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .batch_norm_act import batch_norm_act, normalize_act, update_running_stats
+from .batch_norm_act import batch_norm_act, normalize_act
 from .checks import (
     _AUTOCAST_CASTS,
     AUTOCAST_DEVICES,
@@ -46,6 +46,7 @@ from .checks import (
 )
 from .conv_bn_act import conv_bn_act
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
+from .running_stats import update_running_stats
 
 __all__ = ["bn_act_conv"]
 

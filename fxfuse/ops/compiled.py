@@ -18,7 +18,7 @@ and recomputes everything else (the conv / linear output, the normalised value, 
 activation input: MUST_RECOMPUTE), which inductor fuses into its backward kernels.
 Running statistics are updated outside the checkpointed region, once per forward, from
 the saved batch statistics, with the formula eager fxfuse uses
-(`batch_norm.update_running_stats`); GELU is F.gelu.
+(`running_stats.update_running_stats`); GELU is F.gelu.
 
 Measured (ResNet-50, batch 8, 224x224, channels_last float32, CPU, 2 threads; one process,
 interleaved repeats): train step 0.96x plain torch.compile's with the opaque ops and 1.13x
@@ -42,6 +42,7 @@ from torch import Tensor
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from .checks import apply_activation
+from .running_stats import update_running_stats
 
 __all__ = [
     "applies",
@@ -129,8 +130,6 @@ def _conv_bn_act_body(
 
 def _update(running_mean, running_var, mean, var, count, momentum, batch_stats) -> None:
     if batch_stats and running_mean is not None and running_var is not None:
-        from .batch_norm_act import update_running_stats
-
         update_running_stats(running_mean, running_var, mean, var * (count / (count - 1)), momentum)
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .batch_norm_act import batch_ok, normalize_act, update_running_stats
+from .batch_norm_act import batch_ok, normalize_act
 from .checks import (
     IntPair,
     apply_activation,
@@ -33,6 +33,7 @@ from .checks import (
     stats_like,
 )
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
+from .running_stats import update_running_stats
 
 __all__ = ["conv_bn_act"]
 
