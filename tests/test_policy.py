@@ -119,7 +119,8 @@ def test_saved_and_peak_never_rise_as_the_budget_tightens(resnet_budget_sweep):
 def test_report_names_the_regions_and_both_ratios(resnet_budget_sweep):
     report = dict(resnet_budget_sweep)[0.25]
     text = str(report)
-    assert "recomputed region" in text and "layer1.0" in text and "keeps only its inputs" in text
+    assert "recomputed region" in text and "layer1.0" in text
+    assert "keeps only its inputs" in report.details()  # the table's reasons are short: the full ones
     assert "step peak" in text and "memory budget 0.25× met" in text
     assert any(s.pattern == "region" and "not recomputed" in s.reason for s in report.skipped)
     as_dict = report.to_dict()
