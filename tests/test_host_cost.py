@@ -72,8 +72,9 @@ def _sites():
 # Python calls a fused site may make beyond eager's layers, forward + backward. Issue 54's target is
 # none; before the C++ autograd kernels and the single check per call they were 70 (batch_norm_act),
 # 118 (conv_bn_act) and 140 (bn_act_conv). What is left: the runtime's one check (kernels_apply and its
-# two helpers), bn_call_config, the op's Python __call__ and the running-statistics update.
-EXTRA_CALLS = {"conv_bn_act": 14, "batch_norm_act": 8, "bn_act_conv": 16, "bn_act_conv, epilogue": 18}
+# two helpers), bn_call_config, the op's Python __call__ and the running-statistics update; two calls of
+# slack each, so that a torch-internal call on another machine cannot fail it.
+EXTRA_CALLS = {"conv_bn_act": 15, "batch_norm_act": 10, "bn_act_conv": 18, "bn_act_conv, epilogue": 20}
 
 
 @pytest.mark.parametrize("name", list(_sites()))
