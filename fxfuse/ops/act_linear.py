@@ -41,12 +41,6 @@ def eager(input, weight, bias, *, act, act_param):
     return F.linear(apply_activation(input, act, act_param), weight, bias)
 
 
-def composition(input, weight, bias, *, act, act_param):
-    """What the op computes, for its double backward: the activation's output cast to the linear's
-    dtype where they differ (the autocast form the Autocast kernels call it in)."""
-    return F.linear(apply_activation(input, act, act_param).to(weight.dtype), weight, bias)
-
-
 def register() -> None:
-    """Fake kernels and autograd of fxfuse::act_linear (fxfuse._C defines the op)."""
-    register_linear_op("act_linear", composition, casts_input=True)
+    """Fake kernels of fxfuse::act_linear (fxfuse._C defines the op and its Autograd kernel)."""
+    register_linear_op("act_linear", casts_input=True)

@@ -22,11 +22,8 @@ from torch import Tensor
 
 from . import compiled
 from .act_linear import act_linear
-from .act_linear import composition as act_linear_composition
 from .act_linear import eager as _act_linear_eager
-from .autograd_kernel import register_autograd
 from .checks import autocast_on, check_act, check_linear, linear_fusable, plain
-from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["act_linear_scale"]
 
@@ -85,29 +82,7 @@ def _backward_fake(grad_out, input, weight, bias, scale, act, act_param, output_
     )
 
 
-def _setup(ctx, inputs, output):
-    input, weight, bias, scale, act, act_param = inputs
-    ctx.save_for_backward(input, weight, bias, scale)
-    ctx.config = (act, act_param)
-
-
-def _bwd(ctx, grad_out):
-    input, weight, bias, scale = ctx.saved_tensors
-    act, act_param = ctx.config
-    mask = needed(ctx, (0, 1, 2, 3))
-    if differentiating(grad_out, input, weight, bias, scale):
-
-        def compose(x, w, b, s):
-            return act_linear_composition(x, w, b, act=act, act_param=act_param) * s
-
-        grads = composed_gradients(compose, (input, weight, bias, scale), mask, grad_out)
-    else:
-        grads = torch.ops.fxfuse.act_linear_scale_backward(grad_out, input, weight, bias, scale, act, act_param, mask)
-    return gradients_at((0, 1, 2, 3), grads, 6)
-
-
 def register() -> None:
-    """Fake kernels and autograd of fxfuse::act_linear_scale (fxfuse._C defines the op)."""
+    """Fake kernels of fxfuse::act_linear_scale (fxfuse._C defines the op and its Autograd kernel)."""
     torch.library.register_fake("fxfuse::act_linear_scale", _fake)
     torch.library.register_fake("fxfuse::act_linear_scale_backward", _backward_fake)
-    register_autograd("fxfuse::act_linear_scale", _bwd, setup_context=_setup)

@@ -22,9 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .autograd_kernel import register_autograd
 from .checks import IntPair, apply_activation, check_act, conv_backward_meta, conv_meta, fusable_conv_geometry
-from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["conv_act"]
 
@@ -72,31 +70,7 @@ def _backward_fake(grad_out, input, weight, bias, stride, padding, dilation, gro
     return conv_backward_meta(input, weight, bias, stride, padding, dilation, groups, output_mask)
 
 
-def _setup(ctx, inputs, output):
-    input, weight, bias, stride, padding, dilation, groups, act, act_param = inputs
-    ctx.save_for_backward(input, weight, bias)
-    ctx.config = (stride, padding, dilation, groups, act, act_param)
-
-
-def _bwd(ctx, grad_out):
-    input, weight, bias = ctx.saved_tensors
-    stride, padding, dilation, groups, act, act_param = ctx.config
-    mask = needed(ctx, (0, 1, 2))
-    if differentiating(grad_out, input, weight, bias):
-
-        def compose(x, w, b):
-            return apply_activation(F.conv2d(x, w, b, stride, padding, dilation, groups), act, act_param)
-
-        grads = composed_gradients(compose, (input, weight, bias), mask, grad_out)
-    else:
-        grads = torch.ops.fxfuse.conv_act_backward(
-            grad_out, input, weight, bias, stride, padding, dilation, groups, act, act_param, mask
-        )
-    return gradients_at((0, 1, 2), grads, 9)
-
-
 def register() -> None:
-    """Fake kernels and autograd of fxfuse::conv_act (fxfuse._C defines the op)."""
+    """Fake kernels of fxfuse::conv_act (fxfuse._C defines the op and its Autograd kernel)."""
     torch.library.register_fake("fxfuse::conv_act", _fake)
     torch.library.register_fake("fxfuse::conv_act_backward", _backward_fake)
-    register_autograd("fxfuse::conv_act", _bwd, setup_context=_setup)

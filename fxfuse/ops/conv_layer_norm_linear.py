@@ -26,13 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .autograd_kernel import register_autograd
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry, layer_dtype
-from .higher_order import composed_gradients, differentiating, gradients_at, needed
 from .layer_norm_linear import _backward_fake as _norm_linear_backward_fake
 from .layer_norm_linear import _fake as _norm_linear_fake
 from .layer_norm_linear import _fusable as _norm_linear_fusable
-from .layer_norm_linear import _last_dim, composition, layer_norm_linear
+from .layer_norm_linear import _last_dim, layer_norm_linear
 
 __all__ = ["conv_layer_norm_linear"]
 
@@ -95,38 +93,7 @@ def _backward_fake(grad_out, input, cw, cb, stride, padding, dilation, groups, s
     return (*conv_grads, *grads[1:])
 
 
-def _setup(ctx, inputs, output):
-    input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w, b = inputs
-    ctx.save_for_backward(input, conv_weight, conv_bias, ln_w, ln_b, w, b)
-    ctx.config = (stride, padding, dilation, groups, shape, eps)
-
-
-# Positions in the op's arguments of the tensors conv_layer_norm_linear_backward returns gradients
-# for: input, conv_weight, conv_bias, ln_weight, ln_bias, weight, bias.
-_GRAD_ARGS = (0, 1, 2, 8, 9, 11, 12)
-
-
-def _bwd(ctx, grad_out):
-    input, conv_weight, conv_bias, ln_w, ln_b, w, b = ctx.saved_tensors
-    stride, padding, dilation, groups, shape, eps = ctx.config
-    mask = needed(ctx, _GRAD_ARGS)
-    if differentiating(grad_out, input, conv_weight, conv_bias, ln_w, ln_b, w, b):
-
-        def compose(x, cw, cb, lw, lb, w_, b_):
-            z = F.conv2d(x, cw, cb, stride, padding, dilation, groups).permute(0, 2, 3, 1)
-            return composition(z, shape, lw, lb, eps, w_, b_)
-
-        grads = composed_gradients(compose, (input, conv_weight, conv_bias, ln_w, ln_b, w, b), mask, grad_out)
-    else:
-        grads = torch.ops.fxfuse.conv_layer_norm_linear_backward(
-            grad_out, input, conv_weight, conv_bias, stride, padding, dilation, groups, shape, ln_w, ln_b, eps, w,
-            b, mask,
-        )  # fmt: skip
-    return gradients_at(_GRAD_ARGS, grads, 13)
-
-
 def register() -> None:
-    """Fake kernels and autograd of the op (fxfuse._C defines it)."""
+    """Fake kernels of the op (fxfuse._C defines it and its Autograd kernel)."""
     torch.library.register_fake("fxfuse::conv_layer_norm_linear", _fake)
     torch.library.register_fake("fxfuse::conv_layer_norm_linear_backward", _backward_fake)
-    register_autograd("fxfuse::conv_layer_norm_linear", _bwd, setup_context=_setup)

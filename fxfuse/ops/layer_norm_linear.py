@@ -26,9 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .autograd_kernel import register_autograd
 from .checks import check_linear, linear_fusable, norm_dtype, plain
-from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["layer_norm_linear"]
 
@@ -113,43 +111,7 @@ def _backward_fake(grad_out, input, normalized_shape, ln_weight, ln_bias, eps, w
     )
 
 
-def composition(input, normalized_shape, ln_weight, ln_bias, eps, weight, bias):
-    """What the op computes, for its double backward: the layer norm's output cast to the linear's
-    dtype where they differ (the autocast form the Autocast kernels call it in)."""
-    y = F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps)
-    return F.linear(y.to(weight.dtype), weight, bias)
-
-
-def _setup(ctx, inputs, output):
-    input, normalized_shape, ln_weight, ln_bias, eps, weight, bias = inputs
-    ctx.save_for_backward(input, ln_weight, ln_bias, weight, bias)
-    ctx.config = (normalized_shape, eps)
-
-
-# Positions in the op's arguments of the tensors layer_norm_linear_backward returns gradients for:
-# input, ln_weight, ln_bias, weight, bias.
-_GRAD_ARGS = (0, 2, 3, 5, 6)
-
-
-def _bwd(ctx, grad_out):
-    input, ln_weight, ln_bias, weight, bias = ctx.saved_tensors
-    normalized_shape, eps = ctx.config
-    mask = needed(ctx, _GRAD_ARGS)
-    if differentiating(grad_out, input, ln_weight, ln_bias, weight, bias):
-
-        def compose(x, ln_w, ln_b, w, b):
-            return composition(x, normalized_shape, ln_w, ln_b, eps, w, b)
-
-        grads = composed_gradients(compose, (input, ln_weight, ln_bias, weight, bias), mask, grad_out)
-    else:
-        grads = torch.ops.fxfuse.layer_norm_linear_backward(
-            grad_out, input, normalized_shape, ln_weight, ln_bias, eps, weight, bias, mask
-        )
-    return gradients_at(_GRAD_ARGS, grads, 7)
-
-
 def register() -> None:
-    """Fake kernels and autograd of the op (fxfuse._C defines it)."""
+    """Fake kernels of the op (fxfuse._C defines it and its Autograd kernel)."""
     torch.library.register_fake("fxfuse::layer_norm_linear", _fake)
     torch.library.register_fake("fxfuse::layer_norm_linear_backward", _backward_fake)
-    register_autograd("fxfuse::layer_norm_linear", _bwd, setup_context=_setup)

@@ -1,20 +1,17 @@
 """What the ops that are one linear layer and an activation (`linear_act`, `act_linear`) share:
 the wrapper's choice between the op, its torch.compile composition and eager, and the op's fake
-kernels and autograd formula. One schema, the same saved tensors (input, weight, bias) and
-gradients of the same shapes; only the eager composition differs."""
+kernels (their Autograd kernel: csrc/autograd/linear_function.h). One schema, gradients of the
+same shapes; only the eager composition differs."""
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from . import compiled
-from .autograd_kernel import register_autograd
 from .checks import check_act, check_linear, linear_fusable
-from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 
 def call_linear_op(op: str, composition: Callable, eager: Callable, input, weight, bias, act: str, act_param: float):
@@ -29,10 +26,9 @@ def call_linear_op(op: str, composition: Callable, eager: Callable, input, weigh
     return eager(input, weight, bias, act=act, act_param=act_param)
 
 
-def register_linear_op(op: str, compose: Callable, casts_input: bool = False) -> None:
-    """Register the fake kernels and autograd of fxfuse::`op`, which computes
-    `compose(input, weight, bias, *, act, act_param)`; `casts_input`: the linear's input is cast
-    to the weight's dtype (act_linear, the form its Autocast kernel calls)."""
+def register_linear_op(op: str, casts_input: bool = False) -> None:
+    """Register the fake kernels of fxfuse::`op` (its Autograd kernel is C++: csrc/autograd/); `casts_input`:
+    the linear's input is cast to the weight's dtype (act_linear, the form its Autocast kernel calls)."""
 
     def fake(input, weight, bias, act, act_param):
         check_linear(input, weight, bias, op)
@@ -49,24 +45,5 @@ def register_linear_op(op: str, compose: Callable, casts_input: bool = False) ->
             bias.new_empty(bias.shape) if output_mask[2] and bias is not None else None,
         )
 
-    def setup(ctx, inputs, output):
-        input, weight, bias, act, act_param = inputs
-        ctx.save_for_backward(input, weight, bias)
-        ctx.config = (act, act_param)
-
-    backward_op = getattr(torch.ops.fxfuse, f"{op}_backward")
-
-    def bwd(ctx, grad_out):
-        input, weight, bias = ctx.saved_tensors
-        act, act_param = ctx.config
-        mask = needed(ctx, (0, 1, 2))
-        if differentiating(grad_out, input, weight, bias):
-            composition = functools.partial(compose, act=act, act_param=act_param)
-            grads = composed_gradients(composition, (input, weight, bias), mask, grad_out)
-        else:
-            grads = backward_op(grad_out, input, weight, bias, act, act_param, mask)
-        return gradients_at((0, 1, 2), grads, 5)
-
     torch.library.register_fake(f"fxfuse::{op}", fake)
     torch.library.register_fake(f"fxfuse::{op}_backward", backward_fake)
-    register_autograd(f"fxfuse::{op}", bwd, setup_context=setup)

@@ -17,6 +17,7 @@
 #include <functional>
 #include <initializer_list>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "../activation_ops.h"
@@ -25,6 +26,13 @@ namespace fxfuse::autograd {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// What the ops holding a matmul run their forward below: autograd's keys only, not
+// ADInplaceOrView, so that a view of a tensor that requires grad (F.linear's weight.t())
+// requires grad as in eager, and at::matmul folds its operands as eager's does (its choice
+// reads requires_grad): the same bits as eager. torchvision's AutoDispatchBelowADInplaceOrView
+// would drop the views' autograd metadata.
+using BelowAutograd = at::AutoDispatchBelowAutograd;
 
 inline at::Tensor value(const std::optional<at::Tensor>& t) {
   return t.has_value() ? *t : at::Tensor();
@@ -101,6 +109,38 @@ inline at::Tensor normalize_act(
             input, optional(weight), optional(bias), mean.detach(), var.detach(), false, 0.0, eps,
             cudnn);
   return act_forward(out, act, act_param);
+}
+
+// An activation and its parameter, kept in ctx->saved_data for backward.
+inline void save_act(AutogradContext* ctx, c10::string_view act, double act_param) {
+  ctx->saved_data["act"] = static_cast<int64_t>(parse_act(act));
+  ctx->saved_data["act_param"] = act_param;
+}
+
+inline std::pair<Act, double> load_act(AutogradContext* ctx) {
+  return {static_cast<Act>(ctx->saved_data["act"].toInt()), ctx->saved_data["act_param"].toDouble()};
+}
+
+// A convolution's geometry (stride, padding, dilation, groups), kept in ctx->saved_data.
+struct ConvGeometry {
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups;
+};
+
+inline void save_conv(
+    AutogradContext* ctx, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+    int64_t groups) {
+  ctx->saved_data["stride"] = stride.vec();
+  ctx->saved_data["padding"] = padding.vec();
+  ctx->saved_data["dilation"] = dilation.vec();
+  ctx->saved_data["groups"] = groups;
+}
+
+inline ConvGeometry load_conv(AutogradContext* ctx) {
+  auto& data = ctx->saved_data;
+  return {
+      data["stride"].toIntVector(), data["padding"].toIntVector(), data["dilation"].toIntVector(),
+      data["groups"].toInt()};
 }
 
 // The gradients a backward returns: one per forward argument, `grads` at `positions`.
