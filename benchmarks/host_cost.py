@@ -7,12 +7,15 @@ eager layers it replaces (docs/gpu_results.md). Here the tensors are tiny, one t
 cost next to nothing and what is timed is the path to them:
 
 * sites: each op family's fused call (the runtime function a rewritten graph calls, with the
-  user's modules) against the eager layers it replaces, forward + backward, µs a call;
+  user's modules) against the eager layers it replaces, forward + backward, µs a call; and against
+  eager plus the recompute the fused op's backward runs by design (the conv, linear, activation or
+  layer norm it does not keep), timed alone: what the fused call costs beyond the plan's choice;
 * steps: a train step (forward, loss, backward) of ResNet-50, EfficientNet-B0, MobileNetV2 at
   2×3×16×16 and a plain CNN of Conv-BN-ReLU blocks, NCHW: eager against fxfuse `fast`, `memory`
   and `memory_budget=0.5`, all built in this process and timed interleaved.
 
-Ratios are medians over interleaved rounds (each round times every variant once), to eager.
+Ratios are medians over interleaved rounds (each round times every variant once), to eager, of the
+thread's CPU time (time.thread_time).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import argparse
 import copy
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -33,10 +36,12 @@ from fxfuse.fusion import runtime
 
 
 def _per_call(fn: Callable[[], None], calls: int) -> float:
-    start = time.perf_counter()
+    # The thread's CPU time, not the wall clock: with one thread it is all the host spends, and other
+    # processes on the machine do not count into it (they still share caches: keep the box quiet).
+    start = time.thread_time()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls * 1e6
+    return (time.thread_time() - start) / calls * 1e6
 
 
 def _rounds(variants: dict[str, Callable[[], None]], calls: int, rounds: int) -> dict[str, float]:
@@ -57,8 +62,9 @@ def _train(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Calla
     return step
 
 
-def site_variants() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
-    """Each family: (eager layers, fxfuse's runtime call), forward + backward on tiny tensors."""
+def site_variants() -> dict[str, tuple[Callable[[], None], Callable[[], None], Optional[Callable[[], None]]]]:
+    """Each family: (eager layers, fxfuse's runtime call, the recompute its backward runs by design or
+    None), the first two forward + backward on tiny tensors, the recompute alone without grad."""
     torch.manual_seed(0)
     x = torch.randn(2, 8, 4, 4, requires_grad=True)
     conv, bn, conv2, bn2 = (
@@ -69,56 +75,87 @@ def site_variants() -> dict[str, tuple[Callable[[], None], Callable[[], None]]]:
     )
     lin_x = torch.randn(2, 4, 16, requires_grad=True)
     lin, lin2, norm = nn.Linear(16, 16), nn.Linear(16, 16), nn.LayerNorm(16)
+    mean, var = torch.zeros(8), torch.ones(8)
+
+    def rebuilt_bn_act(t):  # what bn_act_conv's backward rebuilds: the conv input act(bn(y))
+        return torch.ops.fxfuse.bn_act.default(t, mean, var, bn.weight, bn.bias, bn.eps, "relu", 0.0)
+
     families = {
         "conv_bn_act (conv→BN→ReLU)": (
             lambda t: F.relu(bn(conv(t))),
             lambda t: runtime.conv_bn_act_module(t, conv, bn, "relu", 0.0),
+            lambda t: F.conv2d(t, conv.weight, None, 1, 1),
             x,
         ),
         "batch_norm_act (BN→ReLU)": (
             lambda t: F.relu(bn(t)),
             lambda t: runtime.bn_act_module(t, bn, "relu", 0.0),
+            None,
             x,
         ),
         "bn_act_conv (BN→ReLU→conv)": (
             lambda t: conv2(F.relu(bn(t))),
             lambda t: runtime.bn_act_conv_module(t, bn, "relu", 0.0, conv2),
+            rebuilt_bn_act,
             x,
         ),
         "bn_act_conv + epilogue (BN→ReLU→conv→BN→ReLU)": (
             lambda t: F.relu(bn2(conv2(F.relu(bn(t))))),
             lambda t: runtime.bn_act_conv_module(t, bn, "relu", 0.0, conv2, bn2, "relu", 0.0),
+            lambda t: F.conv2d(rebuilt_bn_act(t), conv2.weight, conv2.bias),
             x,
         ),
         "conv_act (conv→ReLU)": (
             lambda t: F.relu(conv(t)),
             lambda t: runtime.conv_act_module(t, conv, "relu", 0.0),
+            lambda t: F.conv2d(t, conv.weight, None, 1, 1),
             x,
         ),
         "linear_act (Linear→GELU)": (
             lambda t: F.gelu(lin(t)),
             lambda t: runtime.linear_act_module(t, lin, "gelu", 0.0),
+            lambda t: F.linear(t, lin.weight, lin.bias),
             lin_x,
         ),
         "act_linear (GELU→Linear)": (
             lambda t: lin2(F.gelu(t)),
             lambda t: runtime.act_linear_module(t, "gelu", 0.0, lin2),
+            F.gelu,
             lin_x,
         ),
         "layer_norm_linear (LN→Linear)": (
             lambda t: lin(norm(t)),
             lambda t: runtime.layer_norm_linear_module(t, norm, lin),
+            lambda t: F.layer_norm(t, norm.normalized_shape, norm.weight, norm.bias, norm.eps),
             lin_x,
         ),
     }
-    return {name: (_train(eager, t), _train(fused, t)) for name, (eager, fused, t) in families.items()}
+    return {
+        name: (_train(eager, t), _train(fused, t), None if redo is None else _no_grad(redo, t))
+        for name, (eager, fused, redo, t) in families.items()
+    }
+
+
+def _no_grad(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], None]:
+    def call():
+        with torch.no_grad():
+            fn(x)
+
+    return call
 
 
 def sites(calls: int, rounds: int) -> list[list]:
     rows = []
-    for name, (eager, fused) in site_variants().items():
-        t = _rounds({"eager": eager, "fxfuse": fused}, calls, rounds)
-        rows.append([name, f"{t['eager']:.0f}", f"{t['fxfuse']:.0f}", f"{t['fxfuse'] / t['eager']:.2f}"])
+    for name, (eager, fused, redo) in site_variants().items():
+        variants = {"eager": eager, "fxfuse": fused}
+        if redo is not None:
+            variants["recompute"] = redo
+        t = _rounds(variants, calls, rounds)
+        both = t["eager"] + t.get("recompute", 0.0)
+        rows.append(
+            [name, f"{t['eager']:.0f}", f"{t['fxfuse']:.0f}", f"{t['fxfuse'] / t['eager']:.2f}",
+             f"{t.get('recompute', 0.0):.0f}", f"{t['fxfuse'] / both:.2f}"]
+        )  # fmt: skip
     return rows
 
 
@@ -172,7 +209,8 @@ def main() -> None:
     if args.sites or both:
         print("µs a call, forward + backward, 2×8×4×4 (linear: 2×4×16), one thread")
         rows = sites(args.calls, args.rounds)
-        print(tabulate(rows, headers=["site", "eager", "fxfuse", "x eager"], tablefmt="github"))
+        headers = ["site", "eager", "fxfuse", "x eager", "recompute", "x (eager + recompute)"]
+        print(tabulate(rows, headers=headers, tablefmt="github"))
     if args.steps or both:
         print("\ntrain step at 2×3×16×16, NCHW, one thread: ms for eager, then each variant's ratio to it")
         rows = steps(max(args.calls // 10, 5), args.rounds)

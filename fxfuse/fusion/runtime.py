@@ -21,28 +21,50 @@ from torch import Tensor, nn
 from .. import ops
 from ..ops.batch_norm_act import batch_norm_act_admitted
 from ..ops.bn_act_conv import bn_act_conv_admitted
-from ..ops.checks import apply_activation, conv_geometry, kernels_apply, layer_kernels_apply
+from ..ops.checks import apply_activation, conv_geometry, kernels_apply, layer_kernels_apply, layer_params_apply
 from ..ops.conv_bn_act import conv_bn_act_admitted
 from .known_modules import is_conv2d_same, is_norm_act, pad_same
 
 
-def bn_call_config(bn: nn.BatchNorm2d) -> tuple[Optional[Tensor], Optional[Tensor], bool, float]:
-    """(running_mean, running_var, batch_stats, momentum) as _BatchNorm.forward derives them.
+def bn_call_config(
+    bn: nn.BatchNorm2d, running_mean: Optional[Tensor], running_var: Optional[Tensor]
+) -> tuple[Optional[Tensor], Optional[Tensor], bool, float]:
+    """(running_mean, running_var, batch_stats, momentum) as _BatchNorm.forward derives them from its
+    flags and the running statistics `bn_tensors` read.
 
     Like _BatchNorm.forward, it counts the batch in num_batches_tracked when training.
     """
-    factor = 0.0 if bn.momentum is None else bn.momentum
-    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
-        bn.num_batches_tracked.add_(1)
-        factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
-    batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
-    use_running = not bn.training or bn.track_running_stats
-    running_mean = bn.running_mean if use_running else None
-    running_var = bn.running_var if use_running else None
+    momentum = bn.momentum
+    factor = 0.0 if momentum is None else momentum
+    training = bn.training
+    if training and bn.track_running_stats:
+        count = bn._buffers.get("num_batches_tracked") if _plain_state(type(bn)) else bn.num_batches_tracked
+        if count is not None:
+            count.add_(1)
+            if momentum is None:
+                factor = 1.0 / float(count)
+    batch_stats = training or (running_mean is None and running_var is None)
+    if training and not bn.track_running_stats:
+        running_mean = running_var = None
     return running_mean, running_var, batch_stats, factor
 
 
-def _bn_tensors(bn: nn.BatchNorm2d):
+_BN_STATE = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+@functools.cache
+def _plain_state(cls: type) -> bool:
+    """Whether a BatchNorm class has no class attribute or property named as its parameters and
+    buffers, so that reading them from `_parameters` / `_buffers` is what `getattr` reads (at a
+    fraction of nn.Module.__getattr__'s cost: every fused BN call reads four)."""
+    return not any(hasattr(cls, name) for name in _BN_STATE)
+
+
+def bn_tensors(bn: nn.BatchNorm2d) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """(weight, bias, running_mean, running_var) of `bn`, as its forward reads them."""
+    if _plain_state(type(bn)):
+        params, buffers = bn._parameters, bn._buffers
+        return params.get("weight"), params.get("bias"), buffers.get("running_mean"), buffers.get("running_var")
     return bn.weight, bn.bias, bn.running_mean, bn.running_var
 
 
@@ -69,18 +91,20 @@ def conv_bn_act_module(
 ) -> Tensor:
     """`act(bn(conv(x)))`, keeping only `x` for backward (or `pieces`: `x` is `torch.cat(pieces, 1)`,
     passes/cat_input.py)."""
+    bn_params = bn_tensors(bn)
     if not (
-        layer_kernels_apply(x, (conv.weight, conv.bias), (bn.weight, bn.bias, bn.running_mean, bn.running_var))
+        layer_kernels_apply(x, (conv.weight, conv.bias), bn_params)
         and x.shape[1] == conv.in_channels
         and bn.num_features == conv.out_channels
     ):
         return _eager_bn_act(conv(x), bn, act, act_param)
     given = x
     x, padding = _conv_input(x, conv)  # padding keeps the dtype, device and rank the check above admitted
-    running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
+    weight, bias, running_mean, running_var = bn_params
+    running_mean, running_var, batch_stats, momentum = bn_call_config(bn, running_mean, running_var)
     return conv_bn_act_admitted(
         x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, running_mean, running_var,
-        bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param, pieces if x is given else None,
+        weight, bias, batch_stats, momentum, bn.eps, act, act_param, pieces if x is given else None,
     )  # fmt: skip
 
 
@@ -91,11 +115,13 @@ def conv2d_bn_module_act(
     """`act(bn(F.conv2d(input, weight, bias, ...)))` with `bn` a BatchNorm module (a conv traced to F.conv2d,
     e.g. an nn.Conv2d subclass's own forward, then a BN module), keeping only `input` for backward.
     The BN's parameters, buffers and flags are read at call time, as its forward reads them."""
-    if not (layer_kernels_apply(input, (weight, bias), _bn_tensors(bn)) and bn.num_features == weight.shape[0]):
+    bn_params = bn_tensors(bn)
+    if not (layer_kernels_apply(input, (weight, bias), bn_params) and bn.num_features == weight.shape[0]):
         return _eager_bn_act(F.conv2d(input, weight, bias, stride, padding, dilation, groups), bn, act, act_param)
-    running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
+    bn_weight, bn_bias, running_mean, running_var = bn_params
+    running_mean, running_var, batch_stats, momentum = bn_call_config(bn, running_mean, running_var)
     return conv_bn_act_admitted(
-        input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn.weight, bn.bias,
+        input, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight, bn_bias,
         batch_stats, momentum, bn.eps, act, act_param, pieces,
     )  # fmt: skip
 
@@ -235,15 +261,17 @@ def bn_act_module(
 ) -> Tensor:
     """`act(bn(x))`, keeping only `x` (or `pieces`) and the statistics for backward; with `rebuild`, the ops
     that keep its output keep those instead (ops/rebuild.py, passes/rebuild.py)."""
-    if not (kernels_apply(x, (bn.weight, bn.bias, bn.running_mean, bn.running_var)) and x.shape[1] == bn.num_features):
+    bn_params = bn_tensors(bn)
+    if not (kernels_apply(x, bn_params) and x.shape[1] == bn.num_features):
         return _eager_bn_act(x, bn, act, act_param)
-    running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
+    weight, bias, running_mean, running_var = bn_params
+    running_mean, running_var, batch_stats, momentum = bn_call_config(bn, running_mean, running_var)
     return batch_norm_act_admitted(
         x,
         running_mean,
         running_var,
-        bn.weight,
-        bn.bias,
+        weight,
+        bias,
         batch_stats,
         momentum,
         bn.eps,
@@ -269,34 +297,36 @@ def bn_act_conv_module(
     (or `pieces`: `y` is `torch.cat(pieces, 1)`, passes/cat_input.py) and the statistics for backward
     (passes/bn_act_conv.py). Calls the fused op cannot serve
     exactly run the sites it merges, each as it would run alone."""
-    params = _bn_tensors(out_bn) if out_bn is not None else ()
+    in_params = bn_tensors(bn)
+    out_params = bn_tensors(out_bn) if out_bn is not None else ()
     geometry = None
     if (
-        kernels_apply(y, (bn.weight, bn.bias, bn.running_mean, bn.running_var))
+        kernels_apply(y, in_params)
         and y.shape[1] == bn.num_features == conv.in_channels
-        and layer_kernels_apply(y, (conv.weight, conv.bias), params)
+        and layer_params_apply(y, (conv.weight, conv.bias), out_params)
         and (out_bn is None or out_bn.num_features == conv.out_channels)
     ):
         geometry = conv_geometry(y, conv.weight, conv.stride, conv.padding, conv.dilation)
     if geometry is None:
         x = bn_act_module(y, bn, act, act_param, pieces)
         return conv(x) if out_bn is None else conv_bn_act_module(x, conv, out_bn, out_act, out_act_param)
-    running_mean, running_var, batch_stats, momentum = bn_call_config(bn)
+    weight, bias, running_mean, running_var = in_params
+    running_mean, running_var, batch_stats, momentum = bn_call_config(bn, running_mean, running_var)
     if batch_stats:
         # Eager's first BN raises on a batch of one value per channel before the second BN counts its batch.
         F._verify_batch_size(y.size())
     if out_bn is None:
         return bn_act_conv_admitted(
-            y, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
+            y, running_mean, running_var, weight, bias, batch_stats, momentum, bn.eps, act, act_param,
             conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, False, None, None, None,
             None, False, 0.1, 1e-5, "none", 0.0, pieces, geometry,
         )  # fmt: skip
-    out_mean, out_var, out_batch_stats, out_momentum = bn_call_config(out_bn)
+    out_weight, out_bias, out_mean, out_var = out_params
+    out_mean, out_var, out_batch_stats, out_momentum = bn_call_config(out_bn, out_mean, out_var)
     return bn_act_conv_admitted(
-        y, running_mean, running_var, bn.weight, bn.bias, batch_stats, momentum, bn.eps, act, act_param,
+        y, running_mean, running_var, weight, bias, batch_stats, momentum, bn.eps, act, act_param,
         conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, True, out_mean, out_var,
-        out_bn.weight, out_bn.bias, out_batch_stats, out_momentum, out_bn.eps, out_act, out_act_param, pieces,
-        geometry,
+        out_weight, out_bias, out_batch_stats, out_momentum, out_bn.eps, out_act, out_act_param, pieces, geometry,
     )  # fmt: skip
 
 

@@ -239,13 +239,11 @@ def bn_params_apply(dtype: torch.dtype, device: torch.device, params: Sequence[O
 
 def _input_ok(input: Tensor) -> bool:
     # Every fused call asks this (with transformed() and the extension check inlined): no helper calls.
+    # is_floating_point is false for complex and quantized dtypes, and a strided layout is not sparse.
     return (
         _extension._C is not None
         and input.dim() == 4
         and input.is_floating_point()
-        and not input.is_complex()
-        and not input.is_sparse
-        and not input.is_quantized
         and input.layout == torch.strided
         and forward_ad._current_level < 0
         and not _functorch_active()
@@ -269,8 +267,14 @@ def layer_kernels_apply(
 ) -> bool:
     """Whether a fused conv (-> BN) -> activation op computes this call as eager would,
     autocast included (else run eager)."""
-    if not _input_ok(input):
-        return False
+    return _input_ok(input) and layer_params_apply(input, layer_params, bn_params)
+
+
+def layer_params_apply(
+    input: Tensor, layer_params: Sequence[Optional[Tensor]], bn_params: Sequence[Optional[Tensor]] = ()
+) -> bool:
+    """`layer_kernels_apply` for an input its caller already checked (`kernels_apply` or
+    `layer_kernels_apply` admitted it): the parameters' part."""
     device = input.device
     if device.type == "meta" or not torch.is_autocast_enabled(device.type):
         for t in layer_params:
