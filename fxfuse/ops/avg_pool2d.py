@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .autograd_kernel import register_autograd
 from .checks import int_args, pool_input_ok
 
 __all__ = ["avg_pool2d"]
@@ -78,20 +77,6 @@ def _fake(input, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     )
 
 
-def _setup(ctx, inputs, output):
-    input, *config = inputs
-    ctx.input_geometry = (tuple(input.shape), tuple(input.stride()), input.dtype, input.device)
-    ctx.config = config
-
-
-def _backward(ctx, grad_out):  # runs only where the input requires grad: the one differentiable argument
-    size, stride, dtype, device = ctx.input_geometry
-    shape_only = torch.empty_strided(size, stride, dtype=dtype, device=device)
-    grad_input = torch.ops.aten.avg_pool2d_backward.default(grad_out, shape_only, *ctx.config)
-    return (grad_input,) + (None,) * 6
-
-
 def register() -> None:
-    """Fake kernel and autograd of avg_pool2d (fxfuse._C defines the op)."""
+    """Fake kernel of avg_pool2d (fxfuse._C defines the op and its Autograd kernel)."""
     torch.library.register_fake("fxfuse::avg_pool2d", _fake)
-    register_autograd("fxfuse::avg_pool2d", _backward, setup_context=_setup)

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .autograd_kernel import register_autograd
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry, fused_call
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
@@ -67,6 +66,8 @@ def _conv2d(input, weight, bias, *, config):
     return F.conv2d(input, weight, bias, *config)
 
 
+# The autograd formula of cat_conv2d (ops/cat_input.py), whose pieces stand for the input; conv2d's
+# own Autograd kernel is C++ (csrc/autograd/conv2d.cpp) with the same saved tensors and gradients.
 def _setup(ctx, inputs, output):
     input, weight, bias, stride, padding, dilation, groups = inputs
     ctx.save_for_backward(input, weight, bias)
@@ -85,7 +86,6 @@ def _backward(ctx, grad_out):
 
 
 def register() -> None:
-    """Fake kernels and autograd of conv2d (fxfuse._C defines the ops)."""
+    """Fake kernels of conv2d (fxfuse._C defines the ops and conv2d's Autograd kernel)."""
     torch.library.register_fake("fxfuse::conv2d", _conv2d_fake)
     torch.library.register_fake("fxfuse::conv2d_backward", _conv2d_backward_fake)
-    register_autograd("fxfuse::conv2d", _backward, setup_context=_setup)

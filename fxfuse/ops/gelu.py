@@ -14,9 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .autograd_kernel import register_autograd
 from .checks import fusable, plain
-from .higher_order import composed_gradients, differentiating
 
 __all__ = ["gelu"]
 
@@ -51,21 +49,7 @@ def _gelu_backward_fake(grad_output, self, *, approximate="none"):
     return torch.ops.aten.gelu_backward.default(grad_output, self, approximate=approximate)
 
 
-def _gelu_setup(ctx, inputs, keyword_only_inputs, output):
-    (self,) = inputs
-    ctx.save_for_backward(self)
-    ctx.approximate = keyword_only_inputs.get("approximate", "none")
-
-
-def _gelu_bwd(ctx, grad_out):
-    (self,) = ctx.saved_tensors
-    if differentiating(grad_out, self):
-        return composed_gradients(lambda x: F.gelu(x, approximate=ctx.approximate), (self,), (True,), grad_out)[0]
-    return torch.ops.fxfuse.gelu_backward(grad_out, self, approximate=ctx.approximate)
-
-
 def register() -> None:
-    """Fake kernels and autograd of this module's ops (fxfuse._C defines the ops)."""
+    """Fake kernels of this module's ops (fxfuse._C defines the ops and gelu's Autograd kernel)."""
     torch.library.register_fake("fxfuse::gelu", _gelu_fake)
     torch.library.register_fake("fxfuse::gelu_backward", _gelu_backward_fake)
-    register_autograd("fxfuse::gelu", _gelu_bwd, setup_context=_gelu_setup)

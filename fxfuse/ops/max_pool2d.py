@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled
-from .autograd_kernel import register_autograd
 from .checks import int_args, pool_input_ok
 
 __all__ = ["max_pool2d"]
@@ -85,34 +84,11 @@ def _fake(input, kernel_size, stride, padding, dilation, ceil_mode):
     return output, torch.empty_like(indices, dtype=torch.uint8)
 
 
-def _setup(ctx, inputs, output):
-    input, kernel_size, stride, padding, dilation, ceil_mode = inputs
-    ctx.input_geometry = (tuple(input.shape), tuple(input.stride()), input.dtype, input.device)
-    ctx.config = (kernel_size, stride, padding, dilation, ceil_mode)
-    ctx.save_for_backward(output[1])
-    ctx.set_materialize_grads(False)
-
-
-def _backward(ctx, grad_out, _grad_offsets):  # runs only where the input requires grad
-    if grad_out is None:
-        return (None,) * 6
-    (offsets,) = ctx.saved_tensors
-    size, stride, dtype, device = ctx.input_geometry
-    kernel_size, pool_stride, padding, dilation, ceil_mode = ctx.config
-    indices = torch.ops.fxfuse.max_pool2d_indices(offsets, size[-1], kernel_size, pool_stride, padding, dilation)
-    shape_only = torch.empty_strided(size, stride, dtype=dtype, device=device)
-    grad_input = torch.ops.aten.max_pool2d_with_indices_backward.default(
-        grad_out, shape_only, kernel_size, pool_stride, padding, dilation, ceil_mode, indices
-    )
-    return (grad_input,) + (None,) * 5
-
-
 def _indices_fake(window_offsets, input_width, kernel_size, stride, padding, dilation):
     return torch.empty_like(window_offsets, dtype=torch.int64)
 
 
 def register() -> None:
-    """Fake kernels of max_pool2d and max_pool2d_indices, and max_pool2d's autograd (fxfuse._C defines the ops)."""
+    """Fake kernels of max_pool2d and max_pool2d_indices (fxfuse._C defines the ops and their Autograd kernel)."""
     torch.library.register_fake("fxfuse::max_pool2d", _fake)
     torch.library.register_fake("fxfuse::max_pool2d_indices", _indices_fake)
-    register_autograd("fxfuse::max_pool2d", _backward, setup_context=_setup)
