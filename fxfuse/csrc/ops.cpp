@@ -4,10 +4,9 @@
 //   cpu/*.cpp      hand-written CPU kernels,
 //   cuda/*.cu      CUDA kernels (built with FXFUSE_CUDA=1),
 //   autocast/*.cpp Autocast kernels: the casts eager autocast applies, then the op,
-//   autograd/*.cpp Autograd kernels of the BatchNorm family (batch_norm_act, bn_act,
-//                  conv_bn_act, bn_act_conv): torch::autograd::Function, no Python per call.
-// The other ops' Autograd kernels and every fake (meta) kernel are registered from Python
-// (fxfuse/ops/).
+//   autograd/*.cpp every op's Autograd kernel: torch::autograd::Function, no Python per call.
+// Every fake (meta) kernel, and the Autograd kernels of the cat_ forms, are registered from
+// Python (fxfuse/ops/).
 #include <Python.h>
 #include <torch/library.h>
 
