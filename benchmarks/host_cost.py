@@ -89,7 +89,7 @@ def site_variants() -> dict[str, tuple[Callable[[], None], Callable[[], None], O
         ),
         "batch_norm_act (BN→ReLU)": (
             lambda t: F.relu(bn(t)),
-            lambda t: runtime.bn_act_module(t, bn, "relu", 0.0),
+            lambda t: runtime.batch_norm_act_module(t, bn, "relu", 0.0),
             None,
             x,
         ),

@@ -55,7 +55,7 @@ def _sites():
             lambda t: runtime.conv_bn_act_module(t, conv, bn, "relu", 0.0),
             x,
         ),
-        "batch_norm_act": (lambda t: F.relu(bn(t)), lambda t: runtime.bn_act_module(t, bn, "relu", 0.0), x),
+        "batch_norm_act": (lambda t: F.relu(bn(t)), lambda t: runtime.batch_norm_act_module(t, bn, "relu", 0.0), x),
         "bn_act_conv": (
             lambda t: conv2(F.relu(bn(t))),
             lambda t: runtime.bn_act_conv_module(t, bn, "relu", 0.0, conv2),

@@ -196,7 +196,7 @@ def test_a_budget_takes_the_rebuild_first_and_reports_it():
 
 
 def test_runtime_takes_the_flag():
-    assert "rebuild" in runtime.bn_act_module.__code__.co_varnames
+    assert "rebuild" in runtime.batch_norm_act_module.__code__.co_varnames
 
 
 @pytest.mark.parametrize("grad", [True, False])

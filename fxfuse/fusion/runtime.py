@@ -108,7 +108,7 @@ def conv_bn_act_module(
     )  # fmt: skip
 
 
-def conv2d_bn_module_act(
+def conv_bn_act_bn_module(
     input: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, groups: int,
     bn: nn.BatchNorm2d, act: str, act_param: float, pieces: Optional[list] = None,
 ) -> Tensor:  # fmt: skip
@@ -126,7 +126,7 @@ def conv2d_bn_module_act(
     )  # fmt: skip
 
 
-def conv_module_batch_norm_act(
+def conv_bn_act_conv_module(
     x: Tensor, conv: nn.Conv2d, running_mean=None, running_var=None, bn_weight=None, bn_bias=None,
     training: bool = False, momentum: float = 0.1, eps: float = 1e-5, act: str = "none", act_param: float = 0.0,
     pieces: Optional[list] = None,
@@ -256,7 +256,7 @@ def layer_norm_linear_module(x: Tensor, norm: nn.LayerNorm, linear: nn.Linear) -
     return ops.layer_norm_linear(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)
 
 
-def bn_act_module(
+def batch_norm_act_module(
     x: Tensor, bn: nn.BatchNorm2d, act: str, act_param: float, pieces: Optional[list] = None, rebuild: bool = False
 ) -> Tensor:
     """`act(bn(x))`, keeping only `x` (or `pieces`) and the statistics for backward; with `rebuild`, the ops
@@ -308,7 +308,7 @@ def bn_act_conv_module(
     ):
         geometry = conv_geometry(y, conv.weight, conv.stride, conv.padding, conv.dilation)
     if geometry is None:
-        x = bn_act_module(y, bn, act, act_param, pieces)
+        x = batch_norm_act_module(y, bn, act, act_param, pieces)
         return conv(x) if out_bn is None else conv_bn_act_module(x, conv, out_bn, out_act, out_act_param)
     weight, bias, running_mean, running_var = in_params
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn, running_mean, running_var)

@@ -23,7 +23,7 @@ from .matchers import first_input, site_name
 def _build(bn: LayerCall, act: ActivationUse, ctx: PassContext) -> fx.Node:
     name, param = act.activation.name, act.activation.param
     if bn.module is not None:
-        return ctx.graph.call_function(runtime.bn_act_module, (bn.input, ctx.get_attr(bn.name), name, param))
+        return ctx.graph.call_function(runtime.batch_norm_act_module, (bn.input, ctx.get_attr(bn.name), name, param))
     kwargs = {
         k: bn.args[k] for k in ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
     }

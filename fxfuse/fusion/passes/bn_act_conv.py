@@ -1,7 +1,7 @@
 """BatchNorm2d → activation → Conv2d  ⇒  fxfuse::bn_act_conv (the activation output is not kept).
 
 Runs after the fusing passes, in every mode, over what they left: a rewritten
-BN→activation site (runtime.bn_act_module) whose output feeds one conv and nothing
+BN→activation site (runtime.batch_norm_act_module) whose output feeds one conv and nothing
 else, where that conv is a plain Conv2d module call or the conv of a rewritten
 Conv→BN→activation site (runtime.conv_bn_act_module). The two become one
 runtime.bn_act_conv_module call. Eager's conv keeps its input, the activation output,
@@ -71,7 +71,7 @@ def _merge(ctx: PassContext, bn_site: fx.Node, user: fx.Node) -> Optional[fx.Nod
 def run(ctx: PassContext) -> int:
     merged = 0
     for node in list(ctx.graph.nodes):
-        if node.op != "call_function" or node.target is not runtime.bn_act_module or len(node.args) != 4:
+        if node.op != "call_function" or node.target is not runtime.batch_norm_act_module or len(node.args) != 4:
             continue
         if len(node.users) != 1 or node.kwargs:
             continue

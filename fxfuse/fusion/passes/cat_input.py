@@ -49,10 +49,10 @@ CATS = (torch.cat, torch.concat, torch.concatenate)
 # Fused calls that take `pieces=` for their input: the runtime module forms (input: args[0]) and the
 # functional forms the passes write with keyword arguments (input: kwargs["input"]).
 CONSUMERS = {
-    runtime.bn_act_module: "fxfuse::cat_batch_norm_act",
+    runtime.batch_norm_act_module: "fxfuse::cat_batch_norm_act",
     runtime.conv_bn_act_module: "fxfuse::cat_conv_bn_act",
-    runtime.conv2d_bn_module_act: "fxfuse::cat_conv_bn_act",
-    runtime.conv_module_batch_norm_act: "fxfuse::cat_conv_bn_act",
+    runtime.conv_bn_act_bn_module: "fxfuse::cat_conv_bn_act",
+    runtime.conv_bn_act_conv_module: "fxfuse::cat_conv_bn_act",
     runtime.bn_act_conv_module: "fxfuse::cat_bn_act_conv",
     runtime.conv2d_module: "fxfuse::cat_conv2d",
     ops.batch_norm_act: "fxfuse::cat_batch_norm_act",

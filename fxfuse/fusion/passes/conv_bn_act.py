@@ -32,7 +32,7 @@ def _build(conv: LayerCall, bn: LayerCall, act: Optional[ActivationUse], ctx: Pa
     if bn.module is not None:  # a conv traced to F.conv2d, then a BN module
         a = conv.args
         return ctx.graph.call_function(
-            runtime.conv2d_bn_module_act,
+            runtime.conv_bn_act_bn_module,
             (a["input"], a["weight"], a["bias"], a["stride"], a["padding"], a["dilation"], a["groups"]),
             dict(bn=ctx.get_attr(bn.name), act=act_name, act_param=act_param),
         )
@@ -40,7 +40,7 @@ def _build(conv: LayerCall, bn: LayerCall, act: Optional[ActivationUse], ctx: Pa
     bn_kwargs.update(bn_weight=bn.args["weight"], bn_bias=bn.args["bias"], act=act_name, act_param=act_param)
     if conv.module is not None:  # a conv module, then F.batch_norm
         return ctx.graph.call_function(
-            runtime.conv_module_batch_norm_act, (conv.input, ctx.get_attr(conv.name)), bn_kwargs
+            runtime.conv_bn_act_conv_module, (conv.input, ctx.get_attr(conv.name)), bn_kwargs
         )
     kwargs = conv_arguments(conv, ctx)
     kwargs.update(

@@ -47,9 +47,9 @@ _READING_MODULES = (
 # fxfuse's run-time calls read their inputs (add_into writes into its first).
 _READING_RUNTIME = frozenset(
     getattr(runtime, name)
-    for name in ("conv_bn_act_module", "conv2d_bn_module_act", "conv_module_batch_norm_act", "conv_act_module",
+    for name in ("conv_bn_act_module", "conv_bn_act_bn_module", "conv_bn_act_conv_module", "conv_act_module",
                  "conv2d_module", "linear_act_module", "act_linear_module", "act_linear_scale_module",
-                 "layer_norm_linear_module", "bn_act_module", "bn_act_conv_module", "gelu_where_faster")
+                 "layer_norm_linear_module", "batch_norm_act_module", "bn_act_conv_module", "gelu_where_faster")
 )  # fmt: skip
 
 
@@ -81,7 +81,7 @@ def _is_fxfuse_op(target) -> bool:
 def _rebuildable(node: fx.Node, ctx: PassContext) -> bool:
     if node.op != "call_function":
         return False
-    if node.target is runtime.bn_act_module:
+    if node.target is runtime.batch_norm_act_module:
         if len(node.args) != 4 or node.kwargs:  # pieces given: the pieces are kept, not the output
             return False
     elif node.target is ops.batch_norm_act:
@@ -99,7 +99,7 @@ def run(ctx: PassContext) -> int:
     for node in ctx.graph.nodes:
         if not _rebuildable(node, ctx):
             continue
-        if node.target is runtime.bn_act_module:
+        if node.target is runtime.batch_norm_act_module:
             node.kwargs = {"rebuild": True}
         else:
             node.kwargs = {**node.kwargs, "rebuildable": True}

@@ -363,7 +363,7 @@ def split_tail(graph: fx.Graph, nodes: list[fx.Node], modules: dict[str, nn.Modu
         return nodes
     y, bn, act, act_param, _ = last.args
     with graph.inserting_before(last):
-        pointwise = graph.call_function(runtime.bn_act_module, (y, bn, act, act_param), dict(last.kwargs))
+        pointwise = graph.call_function(runtime.batch_norm_act_module, (y, bn, act, act_param), dict(last.kwargs))
         conv = graph.call_module(target, (pointwise,))
     for new in (pointwise, conv):
         new.meta.update(provenance(last))
@@ -373,13 +373,13 @@ def split_tail(graph: fx.Graph, nodes: list[fx.Node], modules: dict[str, nn.Modu
 
 
 def _fuse_batch_norms(graph: fx.Graph, nodes: list[fx.Node], modules: dict[str, nn.Module]) -> list[fx.Node]:
-    """`nodes` with each plain BatchNorm2d module call replaced by runtime.bn_act_module(..., "none")."""
+    """`nodes` with each plain BatchNorm2d module call replaced by runtime.batch_norm_act_module(..., "none")."""
     out = []
     for node in nodes:
         if node.op == "call_module" and plain_batch_norm(modules.get(node.target)) and len(node.args) == 1:
             with graph.inserting_before(node):
                 bn = graph.get_attr(node.target)
-                fused = graph.call_function(runtime.bn_act_module, (node.args[0], bn, "none", 0.0))
+                fused = graph.call_function(runtime.batch_norm_act_module, (node.args[0], bn, "none", 0.0))
             fused.meta.update(node.meta)
             node.replace_all_uses_with(fused)
             graph.erase_node(node)
