@@ -41,11 +41,13 @@ build: $(BUILT)
 test: $(BUILT) $(DEPS) cuda-check lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The whole model zoo (tests/support/timm_zoo.py, tests/support/dense_zoo.py) and every accuracy draw
-# (tests/test_accuracy.py): `make test` runs only their
-# representative part; -m "" lifts the default `-m 'not zoo'` from pyproject's addopts.
+# Every file with tests marked `zoo`, whole: the model zoos (tests/support/timm_zoo.py, dense_zoo.py,
+# wild_zoo.py), every accuracy draw (tests/test_accuracy.py), the budget sweeps, the op tests rerun under
+# the CPU capabilities other than DEFAULT. `make test` runs only their representative part; -m "" lifts
+# the default `-m 'not zoo'` from pyproject's addopts.
+ZOO_FILES := $(shell grep -l 'pytest.mark.zoo' tests/test_*.py)
 zoo: $(BUILT) $(DEPS)
-	$(PY) -m pytest -q -m "" tests/test_timm_zoo.py tests/test_torchvision_dense.py tests/test_wild_zoo.py tests/test_accuracy.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "" $(ZOO_FILES) $(PYTEST_ARGS)
 
 # The timm zoo coverage table of docs/results.md.
 zoo-coverage: $(BUILT) $(DEPS)

@@ -1,6 +1,17 @@
+import os
+
 import pytest
 import torch
 from support.threads import intra_op_threads
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs `-n 2`) each worker runs one intra-op thread: the workers
+    already share the cores, and more threads per worker only wait on each other's OpenMP barriers.
+    Tests that need more threads (test_ops_conv2d's thread-count test, the wild zoo's thread floor)
+    set them themselves."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
