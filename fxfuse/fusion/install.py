@@ -81,6 +81,8 @@ class _State:
     # hooks is in the key.
     tree: list[nn.Module] = field(default_factory=list)
     configs: list[tuple[Any, dict]] = field(default_factory=list)  # each `config` object and its attributes then
+    # Optimized at its first call (`defer`): deferred(module, inputs) optimizes it with that call's inputs.
+    deferred: Optional[Callable[[nn.Module, Optional[tuple]], None]] = None
 
 
 @dataclass
@@ -221,6 +223,9 @@ def _fused_forward(self, *args, **kwargs):
         args = layout.to_channels_last(args)
     if transformed():  # torch.func / forward AD: the fused ops and regions have no rule for them
         return _original_forward(self, *args, **kwargs)
+    if state.deferred is not None:
+        _optimize_now(self, state, args, kwargs)
+        return type(self).forward(self, *args, **kwargs)  # optimized now (or, where that failed, as written)
     _drop_stale_graphs(self, state)
     pattern = CallPattern.of(args, kwargs)
     key = _key(state, args, kwargs, pattern)
@@ -251,6 +256,27 @@ def _fused_forward(self, *args, **kwargs):
     return fn(self, *args, **kwargs)
 
 
+def _optimize_now(module: nn.Module, state: _State, args: tuple, kwargs: dict) -> None:
+    """The first call of a module `defer`red: optimize it with this call's inputs as example inputs."""
+    if torch.compiler.is_compiling():
+        torch._dynamo.graph_break(
+            f"fxfuse: the optimized {type(module).__name__} is captured at its first call (optimize had no "
+            "example inputs), which it does outside the compiled region; give optimize example inputs, or "
+            "call the model once eagerly before compiling it"
+        )
+    forward = type(module)._fxfuse_original_class.forward
+    state.deferred(module, tracing.in_signature_order(forward, args, kwargs) if kwargs else tuple(args))
+
+
+def defer(module: nn.Module, options: Options, at_first_call: Callable[[nn.Module, Optional[tuple]], None]) -> None:
+    """Swap `module`'s class now and optimize it at its first call: `at_first_call(module, inputs)`, with that
+    call's arguments in signature order (None where they have no such order), replaces this state."""
+    state = _new_state(module, options)
+    state.deferred = at_first_call
+    module.__dict__[_STATE] = state
+    module.__class__ = _fused_class(type(module))
+
+
 def _note_call_time_build(module: nn.Module, state: _State) -> None:
     """Add to the report `optimize` attached what a graph built at call time (hooks or training
     flags changed since) left unfused or kept as a module call, and why."""
@@ -273,7 +299,14 @@ def _reduce_ex(self, protocol):
     plain = type(self)._fxfuse_original_class.__new__(type(self)._fxfuse_original_class)
     plain.__dict__.update({k: v for k, v in self.__dict__.items() if k != _STATE})
     state: _State = self.__dict__[_STATE]
+    if state.deferred is not None:
+        return _deferred_again, (plain, state.options, state.deferred)
     return _rebuild, (plain, state.options, state.example)
+
+
+def _deferred_again(plain: nn.Module, options: Options, at_first_call) -> nn.Module:
+    defer(plain, options, at_first_call)
+    return plain
 
 
 def _rebuild(plain: nn.Module, options: Options, example: Optional[tuple] = None) -> nn.Module:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from typing import Optional, Union
 
 import torch
@@ -25,14 +26,16 @@ from torch import nn
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
 from . import example_inputs as _example_inputs
-from . import layout, policy
+from . import layout, policy, roots
 from .capture import Captures
 from .counts import Counts
 from .install import Walk, _rebuild, is_optimized, uninstall, walk  # noqa: F401 - _rebuild: older pickles name it here
-from .plan import MODES, Findings, Options
+from .install import defer as install_at_first_call
+from .plan import MODES, Findings, Options, Plan
 from .regions import time_model
 from .regions.time_model import Rates as TimeModel
 from .report import FusionReport, render
+from .tracing import first_line
 
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -177,13 +180,25 @@ def _optimized(
     peak_budget=None,
     autocast: Optional[torch.dtype] = None,
     time_model_spec=None,
+    at_first_call: bool = True,
 ) -> FusionReport:
+    """`at_first_call`: where the model's capture needs its inputs' shapes and none were given, install it to
+    be optimized at its first call (roots.py)."""
     inputs = _normalize_inputs(example_inputs)
     chosen = layout.decide(model, inputs, memory_format)
     if chosen.channels_last and inputs is not None:
         inputs = layout.to_channels_last(inputs)
     counted_under, precision = _precision(inputs, autocast)
     captures = Captures(counted_under)
+    layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
+    shapes_needed = roots.needs_shapes(model, captures) if inputs is None else None
+    if shapes_needed is not None:
+        if install and at_first_call:
+            return _defer(model, mode, memory_format, autocast, shapes_needed, layout_line)
+        captured_later = _FIRST_CALL.format(name=type(model).__name__, why=shapes_needed)
+        notes_first = [f"{captured_later}; explain(model, example_inputs) shows what it fuses then"]
+    else:
+        notes_first = []
     rates = None
     if memory_budget is not None or peak_budget is not None:
         rates = _time_model(inputs, counted_under, time_model_spec)
@@ -193,13 +208,66 @@ def _optimized(
     found = _run(model, inputs, options, install, captures)
     if install and chosen.channels_last:
         model.to(memory_format=torch.channels_last)
-    layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
     own_rates = rates is not None and rates.source != time_model.BUILTIN_SOURCE
     notes = policy.device_notes(inputs, own_rates) if options.plan.choice is not None else []
     report = render(options.mode, found, options.plan, layout_line, notes)
+    report.notes[:0] = notes_first
     report.precision = precision
     report.time_model = rates
     return report
+
+
+_FIRST_CALL = (
+    "{name}: its capture needs its inputs' shapes, which no example inputs gave: {why}; optimize(model) "
+    "captures it at its first call, with that call's inputs (on meta copies: nothing is computed with them)"
+)
+
+
+def _defer(model: nn.Module, mode: str, memory_format: str, autocast, why: str, layout_line: str) -> FusionReport:
+    """Install `model` to be optimized at its first call; the report says so until then."""
+    at_first_call = functools.partial(
+        _optimize_at_first_call, mode=mode, memory_format=memory_format, autocast=autocast
+    )
+    install_at_first_call(model, Options(mode), at_first_call)
+    note = _FIRST_CALL.format(name=type(model).__name__, why=why)
+    return render(
+        mode, Findings(notes=[f"{note}; model.fxfuse_report is this call's report until then"]), Plan(), layout_line
+    )
+
+
+def _optimize_at_first_call(
+    model: nn.Module, inputs: Optional[tuple], mode: str, memory_format: str, autocast: Optional[torch.dtype]
+) -> None:
+    """What `optimize(model, inputs)` does, for a model `_defer`red to its first call (`inputs`: that call's
+    arguments in signature order). Where that fails (inputs eager rejects, say: the call then raises eager's
+    error), or the call's arguments have no order, what `optimize(model)` does without deferring."""
+    name = type(model).__name__
+    uninstall(model)
+    report = None
+    if inputs is not None:
+        try:
+            _check_example_inputs(model, inputs)
+            report = _optimized(model, inputs, mode, None, memory_format, True, autocast=autocast)
+            note = f"{name}: optimized at its first call, captured with that call's inputs (no example inputs given)"
+        except Exception as exc:  # noqa: BLE001 - the call itself raises eager's error for inputs it rejects
+            uninstall(model)
+            note = (
+                f"{name}: could not be captured with its first call's inputs ({type(exc).__name__}: "
+                f"{first_line(exc)}); optimized as without example inputs"
+            )
+    else:
+        note = (
+            f"{name}: its first call's arguments have no order of its forward's parameters; optimized as "
+            "without example inputs"
+        )
+    if report is None:
+        try:
+            report = _optimized(model, None, mode, None, memory_format, True, autocast=autocast, at_first_call=False)
+        except TracingError as exc:
+            uninstall(model)
+            report = render(mode, Findings(notes=[str(exc)]), Plan())
+    report.notes.insert(0, note)
+    model.fxfuse_report = report
 
 
 def optimize(
