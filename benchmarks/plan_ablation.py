@@ -20,6 +20,7 @@ import torch
 
 from fxfuse import bench
 from fxfuse.commands._common import load_model
+from fxfuse.fusion import apply, install
 from fxfuse.fusion.capture import Captures
 from fxfuse.fusion.plan import Options
 from fxfuse.measure import memory
@@ -39,11 +40,14 @@ def main() -> None:
     x = torch.randn(8, 3, 224, 224)
     xs = x.contiguous(memory_format=cl)
     base = copy.deepcopy(model).to(memory_format=cl)
-    plan = optimize_module._decide(base, (xs,), "memory", args.budget, None, Captures()).plan
+    tree = optimize_module._roots(base, (xs,), Captures())
+    plan = optimize_module._plan(base, (xs,), "memory", args.budget, None, tree).plan
 
     def build(p):
         optimized = copy.deepcopy(model).to(memory_format=cl)
-        optimize_module._run(optimized, (xs,), Options("memory", p, args.budget), install=True)
+        tree = optimize_module._roots(optimized, (xs,), Captures())
+        options = Options("memory", p, args.budget)
+        install.install(tree, apply.apply_roots(tree, options, installed=True), options, (xs,))
         return optimized
 
     variants = {"eager channels_last": bench.make_variant("eager-channels_last", model, (x,), cl), "plan": build(plan)}

@@ -1,11 +1,14 @@
 """How many times one `fxfuse.optimize` call enters each module of fxfuse.fusion (issue 56).
 
-An entry is a Python call into a function of the module from code outside it (a call within the
-module does not count): following the call through the code means returning to that module once
-per entry. Counted with sys.setprofile over the optimize call only, not the model's later calls.
+An entry is a call into a function of a module from another fusion module, the nearest fusion
+frame up the stack being the caller (torch, measure and the model's own code in between are
+passed through): a call within the module does not count, nor does one of its callbacks that
+torch runs. Following the call through the code means returning to that module once per entry.
+Counted with sys.setprofile over the optimize call only, not the model's later calls; the table
+lists the pipeline's stage modules (--all: every fusion module).
 
     PYTHONPATH=. python benchmarks/stage_entries.py                      # ResNet-18, memory_budget=0.3
-    PYTHONPATH=. python benchmarks/stage_entries.py --model resnet50 --budget none
+    PYTHONPATH=. python benchmarks/stage_entries.py --model resnet50 --budget none --functions
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import torchvision
 import fxfuse
 
 FUSION = os.path.join(os.path.dirname(os.path.abspath(fxfuse.__file__)), "fusion")
+# The pipeline's stages (fusion/optimize.py) and the modules they call by name.
+STAGES = ("optimize", "roots", "capture", "apply", "policy", "counts", "install", "report")
 
 
 def _module_of(filename: str) -> str | None:
@@ -50,6 +55,8 @@ def count_entries(fn) -> tuple[collections.Counter, collections.Counter]:
         if callee is None:
             return
         caller = frame.f_back
+        while caller is not None and module(caller.f_code) is None:
+            caller = caller.f_back
         if caller is None or module(caller.f_code) != callee:
             entries[callee] += 1
             functions[f"{callee}:{frame.f_code.co_name}"] += 1
@@ -69,6 +76,7 @@ def main() -> None:
     parser.add_argument("--budget", default="0.3", help="memory_budget, or none")
     parser.add_argument("--no-inputs", action="store_true", help="optimize(model) without example inputs")
     parser.add_argument("--functions", action="store_true", help="also list the functions entered")
+    parser.add_argument("--all", action="store_true", help="every fusion module, not only the stages")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = getattr(torchvision.models, args.model)()
@@ -77,11 +85,13 @@ def main() -> None:
     inputs = () if args.no_inputs else (x,)
     entries, functions = count_entries(lambda: fxfuse.optimize(model, *inputs, **kwargs))
     print(f"fxfuse.optimize({args.model}{'' if args.no_inputs else ', x'}, {kwargs}): entries per fusion module")
-    for name, n in sorted(entries.items(), key=lambda kv: (-kv[1], kv[0])):
-        print(f"  {name:32} {n:6}")
+    shown = sorted(entries) if args.all else [m for m in STAGES if m in entries or m == "roots"]
+    for name in shown:
+        print(f"  {name:32} {entries[name]:6}")
     if args.functions:
         for name, n in sorted(functions.items(), key=lambda kv: (-kv[1], kv[0])):
-            print(f"  {name:60} {n:6}")
+            if args.all or name.split(":")[0] in STAGES:
+                print(f"  {name:60} {n:6}")
 
 
 if __name__ == "__main__":

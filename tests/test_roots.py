@@ -1,5 +1,6 @@
-"""fusion/roots.py: a model whose capture needs its inputs' shapes, optimized without example inputs, is
-captured at its first call with that call's inputs and fuses what it fuses with example inputs (issue 56 §4)."""
+"""fusion/roots.py: the model's tree of roots, walked once per optimize call, each with its capture or why it
+has none; a model whose capture needs its inputs' shapes, optimized without example inputs, is captured at its
+first call with that call's inputs and fuses what it fuses with example inputs (issue 56)."""
 
 import copy
 import math
@@ -12,7 +13,7 @@ from torch import nn
 
 import fxfuse
 from fxfuse.errors import ConfigurationError
-from fxfuse.fusion import install, roots
+from fxfuse.fusion import apply, install, roots
 from fxfuse.fusion.capture import Captures
 from fxfuse.fusion.optimize import is_optimized
 from fxfuse.testing import assert_equivalent
@@ -81,6 +82,85 @@ def _model(cls):
 
 def _names(report):
     return [s.modules for s in report.fused]
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class Holder(nn.Module):
+    """Branches on a value (does not trace) around a block it may share with another Holder."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.a, self.b = block, Block()
+
+    def forward(self, x):
+        return self.b(self.a(x) if x.sum() > 0 else self.a(-x))
+
+
+class Untraceable(nn.Module):
+    """Its own forward branches on a value; its blocks trace."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Block(), Block()
+
+    def forward(self, x):
+        y = self.a(x)
+        return self.b(y) if y.sum() > 0 else self.b(-y)
+
+
+class Outer(nn.Module):
+    """Traces, with a block that does not (kept as a leaf: its children are roots) and a hooked one."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.hooked = Untraceable(), Block()
+        self.hooked.register_forward_hook(lambda module, args, out: None)
+
+    def forward(self, x):
+        return self.hooked(self.inner(x))
+
+
+def test_an_untraceable_model_has_its_children_as_roots_and_is_left_alone():
+    model = Untraceable()
+    captures = Captures()
+    tree = roots.find(model, None, captures)
+    assert tree.capture is None and "forward is not traceable" in tree.note
+    assert [(r.path, r.capture is not None) for r in tree.inside] == [("a", True), ("b", True)]
+    assert roots.captured([tree]) == 2
+    assert [s.names[0] for s in apply.sites([tree], "memory")] == ["a.conv", "b.conv"]
+    assert not any(is_optimized(m) for m in model.modules())
+    assert roots.find(model, None, captures).inside[0].capture is tree.inside[0].capture  # captured once
+
+
+def test_leaves_that_do_not_trace_and_hooked_modules_hold_roots_of_their_own():
+    model = Outer()
+    tree = roots.find(model, None, Captures())
+    assert tree.capture is not None
+    assert [r.path for r in roots.walk([tree])] == ["", "inner.a", "inner.b", "hooked"]
+    on_copy = roots.on([tree], copy.deepcopy(model))
+    assert [r.module is m for r, m in zip(roots.walk(on_copy), (model, model.inner.a))] == [False, False]
+
+
+def shared_block_model():
+    """One Block at two paths (`a.a` and `b.a`), inside two modules that do not trace."""
+    model, block = Untraceable(), Block()
+    model.a, model.b = Holder(block), Holder(block)
+    return model
+
+
+def test_a_module_at_two_paths_is_a_repeat_at_the_second():
+    tree = roots.find(shared_block_model(), None, Captures())
+    assert [(r.path, r.repeat) for r in roots.walk([tree])][4:6] == [("b", False), ("b.a", True)]
+    assert [r.path for r in roots.walk([tree], installed=True) if r.capture] == ["a.a", "a.b", "b.b"]
+    assert [s.names[0] for s in apply.sites([tree], "memory")] == ["a.a.conv", "a.b.conv", "b.a.conv", "b.b.conv"]
 
 
 def test_needs_shapes_says_which_part_reads_shapes():

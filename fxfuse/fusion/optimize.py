@@ -1,15 +1,18 @@
-"""fxfuse.optimize / fxfuse.explain: one straight pipeline.
+"""fxfuse.optimize / fxfuse.explain: one straight pipeline, a module per stage.
 
-    capture      trace each traceable root of the model once (capture.py; `Captures` keeps them)
-    find sites   the passes on copies of the captured graphs, in mode="memory" and "fast" (apply.py):
-                 the sites' data (plan.SiteData)
-    choose       the policy turns those sites into a Plan (policy.py; its meta-device counts apply
-                 plans to the same captured graphs: counts.py)
-    apply        the captured graphs rewritten with the Plan (apply.py)
-    install      the class swap, the graph cache and the other train/eval mode (install.py)
-    report       the FusionReport rendered from the final sites and the Plan (report.render)
+    roots     the model's tree walked once: each root with its capture, or why it has none
+              (roots.py; a model whose capture needs its inputs' shapes and got none is optimized at
+              its first call instead)
+    sites     the passes on copies of the roots' captures, in mode="memory" and "fast" (apply.sites):
+              the sites' data (plan.SiteData)
+    plan      the policy turns those sites into a Plan (policy.py; a budget's meta-device counts apply
+              plans to the same roots on a meta copy: counts.py)
+    apply     the roots' captures rewritten with the Plan (apply.apply_roots)
+    install   each root's class swapped to run its graph, with its other train/eval mode's graph
+              (install.py)
+    report    the FusionReport rendered from the final sites and the Plan (report.render)
 
-Each step calls only those after it. What the optimized module does at call time (rebuilds
+Each stage calls only those after it. What the optimized module does at call time (rebuilds
 when training flags, hooks or input shapes change; pickling) is install.py's.
 """
 
@@ -25,16 +28,18 @@ from torch import nn
 
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
+from . import apply, layout, policy, roots
 from . import example_inputs as _example_inputs
-from . import layout, policy, roots
 from .capture import Captures
 from .counts import Counts
-from .install import Walk, _rebuild, is_optimized, uninstall, walk  # noqa: F401 - _rebuild: older pickles name it here
+from .install import _rebuild, any_optimized, is_optimized, uninstall  # noqa: F401 - _rebuild: older pickles name it here
 from .install import defer as install_at_first_call
+from .install import install as install_roots
 from .plan import MODES, Findings, Options, Plan
 from .regions import time_model
 from .regions.time_model import Rates as TimeModel
 from .report import FusionReport, render
+from .roots import Root
 from .tracing import first_line
 
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -98,19 +103,17 @@ def _check_example_inputs(model: nn.Module, example_inputs) -> None:
         _example_inputs.check_accepted(model, inputs)
 
 
-def _run(
-    model: nn.Module, example_inputs, options: Options, install: bool, captures: Optional[Captures] = None
-) -> Findings:
-    found = Findings()
-    roots = walk(model, example_inputs, options, Walk(found, install, captures))
-    if roots == 0:
+def _roots(model: nn.Module, inputs, captures: Captures) -> list[Root]:
+    """The model's tree of roots, each with its capture (roots.py); an error where none traces."""
+    tree = [roots.find(model, inputs, captures)]
+    if roots.captured(tree) == 0:
         raise TracingError(
             f"fxfuse could not trace {type(model).__name__} nor any of its submodules, so nothing was optimized. "
-            + " ".join(found.notes)
+            + " ".join(r.note for r in roots.walk(tree))
             + " Make the forward traceable by torch.fx (no Python control flow on tensor values), "
             "or optimize the traceable parts yourself: fxfuse.optimize(model.backbone)."
         )
-    return found
+    return tree
 
 
 def _precision(inputs, autocast) -> tuple[Optional[measure.Autocast], str]:
@@ -147,14 +150,12 @@ def _time_model(inputs, autocast: Optional[measure.Autocast], spec) -> time_mode
         raise ConfigurationError(f"time_model / ${time_model.ENV}: {exc}") from exc
 
 
-def _decide(
-    model: nn.Module, inputs, mode: str, memory_budget, peak_budget, captures: Captures, autocast=None
-) -> Options:
-    """Find the sites of both modes on the captured graphs, and let the policy choose among them."""
+def _plan(model: nn.Module, inputs, mode: str, memory_budget, peak_budget, tree: list[Root], autocast=None) -> Options:
+    """Find the sites of both modes in the roots' captures, and let the policy choose among them."""
     if mode == "fast" and memory_budget is None and peak_budget is None:
         return Options(mode)
-    memory = _run(model, inputs, Options("memory"), False, captures).sites
-    fast = _run(model, inputs, Options("fast"), False, captures).sites
+    memory = apply.sites(tree, "memory")
+    fast = apply.sites(tree, "fast")
     if memory_budget is None and peak_budget is None:
         choose = policy.choose_auto if mode == "auto" else policy.choose_memory
         plan = choose(model, memory, fast)
@@ -164,7 +165,7 @@ def _decide(
             memory,
             fast,
             None if memory_budget is None else float(memory_budget),
-            Counts(model, inputs, captures, autocast),
+            Counts(model, inputs, tree, autocast),
             peak_budget=None if peak_budget is None else float(peak_budget),
         )
     return Options(mode, plan, memory_budget)
@@ -189,23 +190,25 @@ def _optimized(
     if chosen.channels_last and inputs is not None:
         inputs = layout.to_channels_last(inputs)
     counted_under, precision = _precision(inputs, autocast)
-    captures = Captures(counted_under)
     layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
+    rates = None
+    if memory_budget is not None or peak_budget is not None:
+        rates = _time_model(inputs, counted_under, time_model_spec)
+    captures = Captures(counted_under)
     shapes_needed = roots.needs_shapes(model, captures) if inputs is None else None
+    notes_first = []
     if shapes_needed is not None:
         if install and at_first_call:
             return _defer(model, mode, memory_format, autocast, shapes_needed, layout_line)
         captured_later = _FIRST_CALL.format(name=type(model).__name__, why=shapes_needed)
-        notes_first = [f"{captured_later}; explain(model, example_inputs) shows what it fuses then"]
-    else:
-        notes_first = []
-    rates = None
-    if memory_budget is not None or peak_budget is not None:
-        rates = _time_model(inputs, counted_under, time_model_spec)
+        notes_first.append(f"{captured_later}; explain(model, example_inputs) shows what it fuses then")
+    tree = _roots(model, inputs, captures)  # roots
     with time_model.using(rates):
-        options = _decide(model, inputs, mode, memory_budget, peak_budget, captures, counted_under)
+        options = _plan(model, inputs, mode, memory_budget, peak_budget, tree, counted_under)  # sites, plan
     options = dataclasses.replace(options, channels_last=chosen.channels_last)
-    found = _run(model, inputs, options, install, captures)
+    applied = apply.apply_roots(tree, options, installed=install)  # apply
+    later = install_roots(tree, applied, options, inputs) if install else {}  # install
+    found = applied.findings(tree, later)
     if install and chosen.channels_last:
         model.to(memory_format=torch.channels_last)
     own_rates = rates is not None and rates.source != time_model.BUILTIN_SOURCE
@@ -322,7 +325,7 @@ def optimize(
     """
     _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget, autocast)
     _check_example_inputs(model, example_inputs)
-    if any(is_optimized(m) for m in model.modules()):
+    if any_optimized(model):
         uninstall(model)
     report = _optimized(
         model, example_inputs, mode, memory_budget, memory_format, True, peak_budget, autocast, time_model
@@ -346,7 +349,7 @@ def explain(
     _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget, autocast)
     _check_example_inputs(model, example_inputs)
     target = model
-    if any(is_optimized(m) for m in model.modules()):
+    if any_optimized(model):
         target = copy.deepcopy(model)
         uninstall(target)
     return _optimized(
