@@ -20,7 +20,6 @@ import torch
 
 from fxfuse import bench
 from fxfuse.commands._common import load_model
-from fxfuse.fusion import apply, install
 from fxfuse.fusion.capture import Captures
 from fxfuse.fusion.plan import Options
 from fxfuse.measure import memory
@@ -45,9 +44,7 @@ def main() -> None:
 
     def build(p):
         optimized = copy.deepcopy(model).to(memory_format=cl)
-        tree = optimize_module._roots(optimized, (xs,), Captures())
-        options = Options("memory", p, args.budget)
-        install.install(tree, apply.apply_roots(tree, options, installed=True), options, (xs,))
+        optimize_module._run(optimized, (xs,), Options("memory", p, args.budget), install=True)
         return optimized
 
     variants = {"eager channels_last": bench.make_variant("eager-channels_last", model, (x,), cl), "plan": build(plan)}

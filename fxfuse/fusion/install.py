@@ -406,14 +406,14 @@ def _build_or_fall_back(
             f"{type(root).__name__}: forward is not traceable ({type(exc).__name__}: {tracing.first_line(exc)}); "
             "it runs as written, with its submodules optimized instead"
         )
-        _install_now(roots.children(root, ""), state.options, found)
+        _install_now(roots.children(root, "", skip=is_optimized), state.options, found)
         key = _key(state, example_inputs or (), pattern=pattern)
         state.last_key = key
         state.last_pattern = pattern
         state.graphs[key] = _original_forward
         state.found[key] = found
         return _original_forward
-    _install_now(roots.inside(root, "", captured.traced), state.options, state.found[state.last_key])
+    _install_now(roots.inside(root, "", captured.traced, skip=is_optimized), state.options, state.found[state.last_key])
     return fn
 
 

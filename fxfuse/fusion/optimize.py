@@ -116,6 +116,17 @@ def _roots(model: nn.Module, inputs, captures: Captures) -> list[Root]:
     return tree
 
 
+def _run(
+    model: nn.Module, example_inputs, options: Options, install: bool, captures: Optional[Captures] = None
+) -> Findings:
+    """The stages after the plan, for `options` given: roots, apply, install (`install`). Tests and
+    benchmarks that pick their own plan run this; returns what the passes found."""
+    inputs = _normalize_inputs(example_inputs)
+    tree = _roots(model, inputs, Captures() if captures is None else captures)
+    applied = apply.apply_roots(tree, options, installed=install)
+    return applied.findings(tree, install_roots(tree, applied, options, inputs) if install else {})
+
+
 def _precision(inputs, autocast) -> tuple[Optional[measure.Autocast], str]:
     """The autocast the plan is counted under (`autocast=`, else the one enabled at the call for the example
     inputs' device), and the report's line for it."""

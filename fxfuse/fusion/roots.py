@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from torch import nn
 
@@ -46,19 +46,30 @@ def find(model: nn.Module, example_inputs: Optional[Sequence[Any]], captures: Ca
     return _root(model, "", example_inputs, captures, set())
 
 
-def children(module: nn.Module, path: str, captures: Optional[Captures] = None, seen=None) -> list[Root]:
+# A module that is no root (at call time: one optimized already, install.is_optimized).
+Skip = Optional[Callable[[nn.Module], bool]]
+
+
+def children(
+    module: nn.Module, path: str, captures: Optional[Captures] = None, seen=None, skip: Skip = None
+) -> list[Root]:
     """The roots in place of `module` (at `path`) where its forward does not trace: its children that are
-    not library modules. Without `captures`, each is captured now."""
+    not library modules (nor `skip`ped). Without `captures`, each is captured now."""
     seen = set() if seen is None else seen
     return [
-        _root(child, _joined(path, name), None, captures, seen)
+        _root(child, _joined(path, name), None, captures, seen, skip)
         for name, child in module.named_children()
-        if not is_library_module(child)
+        if not is_library_module(child) and not (skip is not None and skip(child))
     ]
 
 
 def inside(
-    module: nn.Module, path: str, traced: tracing.TraceResult, captures: Optional[Captures] = None, seen=None
+    module: nn.Module,
+    path: str,
+    traced: tracing.TraceResult,
+    captures: Optional[Captures] = None,
+    seen=None,
+    skip: Skip = None,
 ) -> list[Root]:
     """The roots within a capture of `module`: the children of the leaves that could not be traced through,
     and the hooked leaves that are not library modules (their hooks need a module call; their forward can
@@ -66,15 +77,17 @@ def inside(
     seen = set() if seen is None else seen
     found = []
     for leaf_path in traced.leaf_failures:
-        found += children(module.get_submodule(leaf_path), _joined(path, leaf_path), captures, seen)
+        found += children(module.get_submodule(leaf_path), _joined(path, leaf_path), captures, seen, skip)
     for leaf_path in traced.hooked:
         leaf = module.get_submodule(leaf_path)
-        if not is_library_module(leaf):
-            found.append(_root(leaf, _joined(path, leaf_path), None, captures, seen))
+        if not is_library_module(leaf) and not (skip is not None and skip(leaf)):
+            found.append(_root(leaf, _joined(path, leaf_path), None, captures, seen, skip))
     return found
 
 
-def _root(module: nn.Module, path: str, example_inputs, captures: Optional[Captures], seen: set) -> Root:
+def _root(
+    module: nn.Module, path: str, example_inputs, captures: Optional[Captures], seen: set, skip: Skip = None
+) -> Root:
     repeat = id(module) in seen
     seen.add(id(module))
     try:
@@ -89,8 +102,8 @@ def _root(module: nn.Module, path: str, example_inputs, captures: Optional[Captu
             f"{tracing.first_line(exc)}); optimizing its submodules instead"
             + ("" if has_children else " (it has none that fxfuse could trace)")
         )
-        return Root(path, module, None, note, children(module, path, captures, seen), repeat)
-    return Root(path, module, captured, "", inside(module, path, captured.traced, captures, seen), repeat)
+        return Root(path, module, None, note, children(module, path, captures, seen, skip), repeat)
+    return Root(path, module, captured, "", inside(module, path, captured.traced, captures, seen, skip), repeat)
 
 
 def walk(roots: Sequence[Root], installed: bool = False) -> list[Root]:
