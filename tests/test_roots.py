@@ -242,3 +242,13 @@ def test_a_branch_on_values_is_optimized_at_once():
 def test_a_budget_without_inputs_keeps_its_error():
     with pytest.raises(ConfigurationError, match="needs example_inputs"):
         fxfuse.optimize(_model(PaddedNet), memory_budget=0.5)
+
+
+def test_one_optimize_call_with_a_budget_walks_the_model_once(monkeypatch):
+    walks = []
+    find = roots.find
+    monkeypatch.setattr(roots, "find", lambda *args: walks.append(args[0]) or find(*args))
+    model, x = _model(PaddedNet).double(), _x(dtype=torch.float64)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.5)
+    assert len(walks) == 1 and optimized.fxfuse_report.budget_met is not None
+    assert_equivalent(model, optimized, x, dtype=torch.float64)
