@@ -39,7 +39,8 @@ def main() -> None:
     x = torch.randn(8, 3, 224, 224)
     xs = x.contiguous(memory_format=cl)
     base = copy.deepcopy(model).to(memory_format=cl)
-    plan = optimize_module._decide(base, (xs,), "memory", args.budget, None, Captures()).plan
+    tree = optimize_module._roots(base, (xs,), Captures())
+    plan = optimize_module._plan(base, (xs,), "memory", args.budget, None, tree).plan
 
     def build(p):
         optimized = copy.deepcopy(model).to(memory_format=cl)

@@ -1,11 +1,17 @@
 """fusion/apply.py: a plan rewrites a copy of the captured graph, never the capture, and only the sites it names."""
 
 import torch
+import torchvision
 from torch import nn
 
-from fxfuse.fusion.apply import apply
+from fxfuse.fusion.apply import apply, copy_of
 from fxfuse.fusion.capture import capture
 from fxfuse.fusion.plan import Options, Plan
+
+
+def _resnet():
+    """ResNet-50's structure (bottlenecks, downsampling), one block per stage, narrow."""
+    return torchvision.models.resnet.ResNet(torchvision.models.resnet.Bottleneck, [1, 1, 1, 1], width_per_group=16)
 
 
 def _net():
@@ -45,3 +51,20 @@ def test_the_findings_carry_the_capture_notes_without_sharing_them():
     assert found.notes[0] == "a note of the capture" and {s.mode for s in found.sites} == {"fast"}
     found.notes.append("added later")
     assert captured.notes == ["a note of the capture"]
+
+
+def test_a_copy_is_rewritten_without_changing_the_capture():
+    model, x = _resnet(), torch.randn(2, 3, 32, 32)
+    captured = capture(model, (x,))
+    code = captured.traced.graph.python_code("self").src
+    own = copy_of(captured)
+    assert own.traced.graph is not captured.traced.graph
+    assert own.traced.graph.python_code("self").src == code
+    assert len(own.shapes) == len(captured.shapes) > 0
+    assert all(n.graph is own.traced.graph for n in own.shapes)
+    for node in list(own.traced.graph.nodes):
+        if node.op == "call_module" and not node.users:
+            own.traced.graph.erase_node(node)
+    node = next(n for n in own.traced.graph.nodes if n.op == "call_module")
+    node.target = "fc"
+    assert captured.traced.graph.python_code("self").src == code

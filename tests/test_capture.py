@@ -9,7 +9,7 @@ from torch import nn
 
 import fxfuse
 from fxfuse.fusion import tracing
-from fxfuse.fusion.capture import Captures, call_pattern, capture, copy_of
+from fxfuse.fusion.capture import Captures, call_pattern, capture
 from fxfuse.fusion.tracing import CallPattern
 from fxfuse.testing import assert_equivalent
 
@@ -41,23 +41,6 @@ def test_optimize_with_a_budget_stays_exact(single_thread):
     optimized = fxfuse.optimize(copy.deepcopy(model), x, memory_budget=0.3)
     assert optimized.fxfuse_report.regions
     assert_equivalent(model, optimized, x, dtype=torch.float64)
-
-
-def test_a_copy_is_rewritten_without_changing_the_capture():
-    model, x = _resnet(), torch.randn(2, 3, 32, 32)
-    captured = capture(model, (x,))
-    code = captured.traced.graph.python_code("self").src
-    own = copy_of(captured)
-    assert own.traced.graph is not captured.traced.graph
-    assert own.traced.graph.python_code("self").src == code
-    assert len(own.shapes) == len(captured.shapes) > 0
-    assert all(n.graph is own.traced.graph for n in own.shapes)
-    for node in list(own.traced.graph.nodes):
-        if node.op == "call_module" and not node.users:
-            own.traced.graph.erase_node(node)
-    node = next(n for n in own.traced.graph.nodes if n.op == "call_module")
-    node.target = "fc"
-    assert captured.traced.graph.python_code("self").src == code
 
 
 def test_captures_trace_each_module_once_per_training_flags():

@@ -1,4 +1,4 @@
-"""fusion/counts.py: meta-device counts of a plan, on the captured graphs and without tracing again."""
+"""fusion/counts.py: meta-device counts of a plan, on the roots' captured graphs and without tracing again."""
 
 import copy
 
@@ -7,7 +7,7 @@ from torch import nn
 
 import fxfuse
 from fxfuse import measure
-from fxfuse.fusion import tracing
+from fxfuse.fusion import roots, tracing
 from fxfuse.fusion.capture import Captures
 from fxfuse.fusion.counts import Counts
 from fxfuse.fusion.plan import Plan
@@ -29,9 +29,7 @@ def _net():
 
 def test_counts_match_the_optimized_model_and_do_not_trace():
     model, inputs = _net(), (torch.randn(2, 3, 8, 8),)
-    captures = Captures()
-    captures.get(model, "", inputs)
-    counts = Counts(model, inputs, captures)
+    counts = Counts(model, inputs, [roots.find(model, inputs, Captures())])
     before = tracing.trace_count
     eager, nothing, every = counts.eager_bytes(), counts.plan_bytes(Plan(frozenset())), counts.plan_bytes(Plan())
     peak, every_peak = counts.eager_peak(), counts.plan_peak(Plan())
@@ -62,7 +60,7 @@ class GradBranching(nn.Module):
 
 def test_the_regions_of_every_captured_root_join_one_profile_named_in_the_model():
     model, inputs = GradBranching(), (torch.randn(2, 4, 6, 6),)
-    profile = Counts(model, inputs, Captures()).profile(frozenset())
+    profile = Counts(model, inputs, [roots.find(model, inputs, Captures())]).profile(frozenset())
     assert [r.name for r in profile.regions if r.kind != "chain"] == ["stages.0.0", "stages.0.1"]
     assert [(link.first, link.second) for link in profile.links] == [("stages.0.0", "stages.0.1")]
     assert set(profile.problems) == {"stages.1.0"}  # the whole graph of its root
@@ -73,4 +71,4 @@ def test_the_regions_of_every_captured_root_join_one_profile_named_in_the_model(
 
 def test_a_model_without_a_captured_root_has_no_profile():
     model, inputs = GradBranching(stages=False), (torch.randn(2, 4, 6, 6),)
-    assert Counts(model, inputs, Captures()).profile(frozenset()) is None
+    assert Counts(model, inputs, [roots.find(model, inputs, Captures())]).profile(frozenset()) is None

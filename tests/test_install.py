@@ -1,4 +1,4 @@
-"""fusion/install.py: the walk over a model's traceable roots, the class swap and its undoing."""
+"""fusion/install.py: the class swap of a model's roots, its undoing, and what runs at call time."""
 
 import copy
 import pickle
@@ -8,9 +8,10 @@ from support.config_flag_net import ConfigFlagNet
 from torch import nn
 
 import fxfuse
-from fxfuse.fusion import install
+from fxfuse.fusion import install, roots
+from fxfuse.fusion.apply import apply_roots
 from fxfuse.fusion.capture import Captures
-from fxfuse.fusion.plan import Findings, Options
+from fxfuse.fusion.plan import Options
 from fxfuse.testing import assert_equivalent
 
 
@@ -21,6 +22,17 @@ class Block(nn.Module):
 
     def forward(self, x):
         return self.act(self.bn(self.conv(x)))
+
+
+class Holder(nn.Module):
+    """Branches on a value (does not trace) around a block it may share with another Holder."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.a, self.b = block, Block()
+
+    def forward(self, x):
+        return self.b(self.a(x) if x.sum() > 0 else self.a(-x))
 
 
 class Untraceable(nn.Module):
@@ -35,20 +47,19 @@ class Untraceable(nn.Module):
         return self.b(y) if y.sum() > 0 else self.b(-y)
 
 
-def test_a_walk_that_does_not_install_leaves_the_model_alone():
-    model = Untraceable()
-    found = Findings()
-    assert install.walk(model, None, Options("memory"), install.Walk(found, install=False)) == 2
-    assert [s.names[0] for s in found.sites] == ["a.conv", "b.conv"]
-    assert not any(install.is_optimized(m) for m in model.modules())
-    assert install.fx_graph(model.a) is None
+def _installed(model, both_modes=True):
+    """`model`'s roots (roots.py) rewritten with every site and installed."""
+    tree = [roots.find(model, None, Captures())]
+    options = Options("memory")
+    applied = apply_roots(tree, options, installed=True)
+    install.install(tree, applied, options, both_modes=both_modes)
+    return tree
 
 
 def test_installed_roots_run_their_graphs_and_uninstall_restores_the_classes():
     model, x = Untraceable(), torch.randn(2, 4, 6, 6)
     eager = copy.deepcopy(model)
-    walk = install.Walk(Findings(), install=True, captures=Captures())
-    assert install.walk(model, None, Options("memory"), walk) == 2
+    _installed(model)
     assert install.is_optimized(model.a) and install.is_optimized(model.b) and not install.is_optimized(model)
     assert install.fx_graph(model.a) is not None
     assert_equivalent(eager, model, x, dtype=torch.float64)
@@ -58,12 +69,18 @@ def test_installed_roots_run_their_graphs_and_uninstall_restores_the_classes():
     assert type(model.a) is Block and not any(install.is_optimized(m) for m in model.modules())
 
 
-def test_a_trial_walk_builds_one_mode_only():
+def test_a_trial_install_builds_one_mode_only():
     model = Block()
-    walk = install.Walk(Findings(), install=True, captures=Captures(), both_modes=False)
-    install.walk(model, None, Options("memory"), walk)
+    _installed(model, both_modes=False)
     state = model.__dict__[install._STATE]
     assert len(state.graphs) == 1
+
+
+def test_a_module_at_two_paths_is_installed_once():
+    model, block = Untraceable(), Block()
+    model.a, model.b = Holder(block), Holder(block)  # two modules whose forward does not trace
+    _installed(model)
+    assert install.is_optimized(block) and len(block.__dict__[install._STATE].graphs) == 2  # both modes, once
 
 
 def _conv_bn_relu_net() -> nn.Module:

@@ -101,12 +101,17 @@ def test_a_new_input_shape_traces_again_and_stays_exact():
     assert_equivalent(model, optimized, torch.randn(3, 3, 20, 21), dtype=torch.float64)
 
 
-def test_without_example_inputs_the_shape_dependent_parts_stay_leaves_with_a_note():
+def test_without_example_inputs_the_model_is_captured_at_its_first_call():
     model, x = Net(), torch.randn(2, 3, 17, 15)
     optimized = fxfuse.optimize(copy.deepcopy(model))
     notes = " ".join(optimized.fxfuse_report.notes)
-    assert "not traceable" in notes
-    assert_equivalent(model, optimized, x, dtype=torch.float64)
+    assert "captures it at its first call" in notes and not optimized.fxfuse_report.fused
+    assert_equivalent(model, optimized, x, dtype=torch.float64)  # a copy of it, captured at its first call
+    with torch.no_grad():
+        optimized(x)
+    assert _fused_graph(optimized, x)
+    with_inputs = fxfuse.optimize(copy.deepcopy(model), (x,)).fxfuse_report
+    assert [s.modules for s in optimized.fxfuse_report.fused] == [s.modules for s in with_inputs.fused]
 
 
 def test_a_pickled_specialized_model_is_specialized_again():

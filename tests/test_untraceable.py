@@ -110,8 +110,8 @@ def test_wrapper_untraceable_in_one_mode(mode, with_inputs):
         # With example inputs the list is iterated with concrete shapes (tracing.py): one graph per mode.
         assert "traced for inputs of shape" in _notes(model)
     else:
-        assert "not traceable" in _notes(model)
-        assert is_optimized(model.model)  # in train mode the wrapper runs as written, the detector is optimized
+        # The head reads a shape (`y.shape[0] > 0`), so it is captured at the first call (fusion/roots.py).
+        assert "captures it at its first call" in _notes(model) and not model.fxfuse_report.fused
     assert_equivalent(_model(TrainLossWrapper), model, x, dtype=torch.float64)  # on copies of both
     reference = _model(TrainLossWrapper)
     for training in (True, False, True, False):  # switching modes after optimize
@@ -119,6 +119,7 @@ def test_wrapper_untraceable_in_one_mode(mode, with_inputs):
         reference.train(training)
         with torch.no_grad():
             assert torch.allclose(model(x), reference(x), rtol=1e-12, atol=1e-12)
+    assert "traced for inputs of shape" in _notes(model)
 
 
 def test_wrapper_with_a_memory_budget_and_explain():
@@ -131,10 +132,27 @@ def test_wrapper_with_a_memory_budget_and_explain():
     assert_equivalent(_model(TrainLossWrapper), model, x, dtype=torch.float64)
 
 
+class ValueBranchWrapper(nn.Module):
+    """Branches on a tensor's value in train mode (untraceable there, with example inputs or without)."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = Backbone()
+
+    def forward(self, x):
+        feats = self.backbone(x)["feats"]
+        if self.training and feats[1].mean() > 0:
+            return feats[1].sum()
+        return feats[1].mean((2, 3))
+
+
 def test_the_other_mode_failing_is_reported():
-    model = fxfuse.optimize(_model(TrainLossWrapper).eval())
+    x = _x()
+    model = fxfuse.optimize(_model(ValueBranchWrapper).eval())
     notes = model.fxfuse_report.notes
-    assert any(n.startswith("in train mode: TrainLossWrapper: forward is not traceable") for n in notes), notes
+    assert any(n.startswith("in train mode: ValueBranchWrapper: forward is not traceable") for n in notes), notes
+    assert is_optimized(model.backbone)  # the train-mode fallback optimized it on its own
+    assert_equivalent(_model(ValueBranchWrapper).eval(), model, x, dtype=torch.float64)
 
 
 def test_a_hook_that_makes_the_forward_untraceable_falls_back_at_call_time():

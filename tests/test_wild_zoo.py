@@ -69,6 +69,24 @@ def test_wild_model_is_covered_and_exact(name):
         assert_equivalent(model, optimized, x, dtype=torch.float64)
 
 
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize("name", ["hf_mobilenet_v2_tf_padding", "yolov8n"])
+def test_without_example_inputs_the_first_call_fuses_as_with_them(name):
+    """Their capture needs the input's shapes (TF padding; C2f iterating `chunk`): optimize(model) captures
+    them at the first call (fusion/roots.py) and fuses every site optimize(model, x) fuses (issue 56 §4)."""
+    entry, model = _build(name)
+    x = entry.example_input()
+    optimized = fxfuse.optimize(copy.deepcopy(model))
+    assert not optimized.fxfuse_report.fused and "at its first call" in optimized.fxfuse_report.notes[0]
+    assert_equivalent(model, optimized, x, dtype=torch.float64)  # a copy of it, captured at its first call
+    with torch.no_grad():
+        optimized(x)
+    with_inputs = fxfuse.optimize(copy.deepcopy(model), (x,)).fxfuse_report
+    assert [s.modules for s in optimized.fxfuse_report.fused] == [s.modules for s in with_inputs.fused]
+    census = existing_sites(model, (x,))
+    assert len(coverage(census.sites, optimized.fxfuse_report).fused) == len(census.sites)
+
+
 class AtThreads(nn.Module):
     """`model` run (forward, and the backward that follows it) at `threads` intra-op threads."""
 

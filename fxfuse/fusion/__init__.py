@@ -1,12 +1,13 @@
 """The fusion pipeline behind `fxfuse.optimize`, in the order one call runs it:
 
-    capture (tracing, state_guard)  trace each traceable root once per train/eval mode
-    passes/                         find sites: a matcher per pattern, one driver that rewrites and
+    roots (capture, tracing)        the model's tree walked once: each root traced once per
+                                    train/eval mode, or why it does not trace
+    passes/ (apply.sites)           find sites: a matcher per pattern, one driver that rewrites and
                                     records each site's data (plan.SiteData)
     policy (counts, regions/)       choose from those sites: which sites, recompute regions and links,
                                     as a Plan (plan.py) that also says why
-    apply                           the plan applied to a copy of each captured graph
-    install                         the class swap, the graph cache, the other train/eval mode
+    apply                           the plan applied to a copy of each root's capture
+    install                         the class swap, the graph cache, what happens at call time
     report                          the FusionReport, rendered from the final sites and the Plan
     optimize                        optimize / explain: the steps above, in that order
 

@@ -1,11 +1,10 @@
 """Capture: trace a module once, with what the report says about the trace and the tensor
-metadata of its graph. Later steps rewrite copies of the captured graph, so one `optimize`
-call traces each module once per train/eval mode (`tracing.trace_count` counts the traces)."""
+metadata of its graph. Later steps rewrite copies of the captured graph (apply.copy_of), so one
+`optimize` call traces each module once per train/eval mode (`tracing.trace_count` counts the
+traces)."""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -23,6 +22,7 @@ class Capture:
     traced: TraceResult
     shapes: dict[fx.Node, Any] = field(default_factory=dict)  # tensor metadata from the example inputs
     notes: list[str] = field(default_factory=list)  # what the report says about the trace
+    pattern: Optional[CallPattern] = None  # the call it was traced for
 
 
 def is_library_module(m: nn.Module) -> bool:
@@ -74,20 +74,7 @@ def capture(
             shape_map = shapes.propagate(root, traced.graph, example_inputs, autocast)
         except Exception as exc:  # noqa: BLE001 - estimates are optional
             notes.append(f"could not propagate shapes from the example inputs: {type(exc).__name__}: {exc}")
-    return Capture(traced, shape_map, notes)
-
-
-def copy_of(captured: Capture) -> Capture:
-    """A copy to rewrite: a new graph (node meta copied), its shapes keyed on the new nodes."""
-    old = captured.traced.graph
-    graph = fx.Graph(tracer_cls=old._tracer_cls)
-    nodes: dict[fx.Node, fx.Node] = {}
-    value, old_output = graph.graph_copy(old, nodes, return_output_node=True)
-    graph.set_codegen(copy.deepcopy(old._codegen))
-    nodes[old_output] = graph.output(value, type_expr=getattr(old_output, "type", None))
-    nodes[old_output].meta = copy.copy(old_output.meta)
-    shape_map = {nodes[n]: meta for n, meta in captured.shapes.items() if n in nodes}
-    return Capture(dataclasses.replace(captured.traced, graph=graph), shape_map, list(captured.notes))
+    return Capture(traced, shape_map, notes, pattern)
 
 
 class Captures:

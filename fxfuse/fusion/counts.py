@@ -2,8 +2,9 @@
 captured graphs.
 
 Each count runs one forward (and for the peak, a backward) of a meta-device copy of the model
-whose traceable roots run the captured graphs rewritten with the plan (install.walk with the
-call's `Captures`): shapes, no compute, nothing of the user's touched, and no tracing.
+whose roots (roots.py, found once per `optimize` call) run their captures rewritten with the plan
+(apply.apply_roots, install.install, on the copy's modules): shapes, no compute, nothing of the
+user's touched, and no tracing.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from .. import measure
 from ..measure.traffic import OpCosts
 from ..ops import rebuild
 from . import install
-from .capture import Captures
-from .plan import Findings, Options, Plan
+from . import roots as _roots
+from .apply import apply_roots
+from .plan import Options, Plan
 from .regions import costs as region_costs
 from .regions import time_model
 from .regions.costs import Profile
@@ -41,9 +43,13 @@ class Counts:
     """`autocast`: what the model trains under (None: no autocast); every count is made under it."""
 
     def __init__(
-        self, model: nn.Module, inputs: tuple, captures: Captures, autocast: Optional[measure.Autocast] = None
+        self,
+        model: nn.Module,
+        inputs: tuple,
+        roots: list[_roots.Root],
+        autocast: Optional[measure.Autocast] = None,
     ) -> None:
-        self.model, self.inputs, self.captures, self.autocast = model, inputs, captures, autocast
+        self.model, self.inputs, self.roots, self.autocast = model, inputs, roots, autocast
 
     @_counted
     def eager_bytes(self) -> int:
@@ -112,8 +118,14 @@ class Counts:
 
     def _prepare(self, plan: Plan) -> Callable[[nn.Module], Any]:
         """Optimize a meta-device trial copy with `plan` (its inputs as meta tensors)."""
-        walk = install.Walk(Findings(), install=True, captures=self.captures, both_modes=False)
-        return lambda trial: install.walk(trial, measure.to_meta(self.inputs), Options("memory", plan), walk)
+        options = Options("memory", plan)
+
+        def prepare(trial: nn.Module) -> None:
+            tree = _roots.on(self.roots, trial)
+            applied = apply_roots(tree, options, installed=True)
+            install.install(tree, applied, options, measure.to_meta(self.inputs), both_modes=False)
+
+        return prepare
 
 
 def _topmost_roots(model: nn.Module) -> dict[str, nn.Module]:

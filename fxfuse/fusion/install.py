@@ -25,23 +25,24 @@ activation, ultralytics' `fuse()`), or an attribute of a HF-style `config` chang
 `config.output_hidden_states = True`), drops every graph, which are then built again at the
 next call from the model as it is then.
 
-Where a module's own forward cannot be traced (with some training flags or hooks),
-it runs as written and its submodules are optimized instead, at optimize time and
-at call time alike: no torch.fx error reaches the user.
-
-Every graph is built the same way: capture (capture.py; within one `optimize` call each
-module's capture is reused from `Captures`), then apply the options' plan (apply.py).
+At optimize time, `install` takes the graphs of the model's roots (roots.py), rewritten with
+the plan (apply.py), and swaps each root's class. Every graph built later, at call time (the
+other train/eval mode, at optimize time too; new hooks, flags or input shapes), is built the
+same way from a fresh capture: where the module's own forward cannot be traced then, it runs
+as written and the roots within it (its submodules) are optimized instead, so no torch.fx
+error reaches the user. A model whose capture needs its inputs' shapes and got none is
+`defer`red to its first call.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+import torch.fx as fx
 from torch import nn
 from torch.nn.modules import module as _nn_module
 from torch.utils.module_tracker import ModuleTracker
@@ -49,11 +50,12 @@ from torch.utils.module_tracker import ModuleTracker
 from .. import measure
 from ..ops import rebuild
 from ..ops.higher_order import transformed
-from . import graphs, layout, tracing
-from .apply import apply
-from .capture import Captures, call_pattern, capture, is_library_module
+from . import graphs, layout, roots, tracing
+from .apply import Applied, apply, apply_roots
+from .capture import Capture, call_pattern, capture
 from .plan import Findings, Options
 from .report import FusionReport, skipped_site
+from .roots import Root
 from .tracing import CallPattern
 
 _STATE = tracing.OPTIMIZED_STATE
@@ -69,8 +71,6 @@ class _State:
     graphs: dict[tuple, Callable] = field(default_factory=dict)
     found: dict[tuple, Findings] = field(default_factory=dict)  # what the passes found on each graph
     fx_graphs: dict[tuple, object] = field(default_factory=dict)  # the rewritten graphs (region costing reads them)
-    last_leaf_failures: dict[str, str] = field(default_factory=dict)
-    last_hooked: dict[str, str] = field(default_factory=dict)  # hooked leaves of the last trace
     last_key: tuple = ()
     last_pattern: Optional[CallPattern] = None  # the call pattern of the last graph built
     # Shape-dependent Python was traced with the example inputs' shapes (tracing.py): graphs are then
@@ -81,18 +81,8 @@ class _State:
     # hooks is in the key.
     tree: list[nn.Module] = field(default_factory=list)
     configs: list[tuple[Any, dict]] = field(default_factory=list)  # each `config` object and its attributes then
-
-
-@dataclass
-class Walk:
-    """One walk over a model's tree of traceable roots: where what it finds goes, whether the roots are
-    installed, the captures it reuses, and whether each root also gets its other train/eval mode's
-    graph (not for the policy's meta-device trials, which run one forward)."""
-
-    found: Findings
-    install: bool
-    captures: Optional[Captures] = None
-    both_modes: bool = True
+    # Optimized at its first call (`defer`): deferred(module, inputs) optimizes it with that call's inputs.
+    deferred: Optional[Callable[[nn.Module, Optional[tuple]], None]] = None
 
 
 # The switches timm (`set_grad_checkpointing`) and HF transformers (`gradient_checkpointing_enable`) read in
@@ -221,6 +211,9 @@ def _fused_forward(self, *args, **kwargs):
         args = layout.to_channels_last(args)
     if transformed():  # torch.func / forward AD: the fused ops and regions have no rule for them
         return _original_forward(self, *args, **kwargs)
+    if state.deferred is not None:
+        _optimize_now(self, state, args, kwargs)
+        return type(self).forward(self, *args, **kwargs)  # optimized now (or, where that failed, as written)
     _drop_stale_graphs(self, state)
     pattern = CallPattern.of(args, kwargs)
     key = _key(state, args, kwargs, pattern)
@@ -238,7 +231,7 @@ def _fused_forward(self, *args, **kwargs):
         if state.specialized:  # shapes were read in forward: trace with this call's
             forward = type(self)._fxfuse_original_class.forward
             example = tracing.in_signature_order(forward, args, kwargs) if kwargs else args
-        fn = _build_or_fall_back(self, state, example, install=True, pattern=pattern)
+        fn = _build_or_fall_back(self, state, example, pattern=pattern)
         # A keyword call's example lists its tensors in signature order, the call in its own: one graph, both keys.
         for table in (state.graphs, state.fx_graphs, state.found):
             if state.last_key in table:
@@ -249,6 +242,27 @@ def _fused_forward(self, *args, **kwargs):
         with rebuild.Scope():
             return fn(self, *args, **kwargs)
     return fn(self, *args, **kwargs)
+
+
+def _optimize_now(module: nn.Module, state: _State, args: tuple, kwargs: dict) -> None:
+    """The first call of a module `defer`red: optimize it with this call's inputs as example inputs."""
+    if torch.compiler.is_compiling():
+        torch._dynamo.graph_break(
+            f"fxfuse: the optimized {type(module).__name__} is captured at its first call (optimize had no "
+            "example inputs), which it does outside the compiled region; give optimize example inputs, or "
+            "call the model once eagerly before compiling it"
+        )
+    forward = type(module)._fxfuse_original_class.forward
+    state.deferred(module, tracing.in_signature_order(forward, args, kwargs) if kwargs else tuple(args))
+
+
+def defer(module: nn.Module, options: Options, at_first_call: Callable[[nn.Module, Optional[tuple]], None]) -> None:
+    """Swap `module`'s class now and optimize it at its first call: `at_first_call(module, inputs)`, with that
+    call's arguments in signature order (None where they have no such order), replaces this state."""
+    state = _new_state(module, options)
+    state.deferred = at_first_call
+    module.__dict__[_STATE] = state
+    module.__class__ = _fused_class(type(module))
 
 
 def _note_call_time_build(module: nn.Module, state: _State) -> None:
@@ -273,7 +287,14 @@ def _reduce_ex(self, protocol):
     plain = type(self)._fxfuse_original_class.__new__(type(self)._fxfuse_original_class)
     plain.__dict__.update({k: v for k, v in self.__dict__.items() if k != _STATE})
     state: _State = self.__dict__[_STATE]
+    if state.deferred is not None:
+        return _deferred_again, (plain, state.options, state.deferred)
     return _rebuild, (plain, state.options, state.example)
+
+
+def _deferred_again(plain: nn.Module, options: Options, at_first_call) -> nn.Module:
+    defer(plain, options, at_first_call)
+    return plain
 
 
 def _rebuild(plain: nn.Module, options: Options, example: Optional[tuple] = None) -> nn.Module:
@@ -306,6 +327,11 @@ def is_optimized(module: nn.Module) -> bool:
     return _STATE in module.__dict__
 
 
+def any_optimized(model: nn.Module) -> bool:
+    """Whether `model` or a module in it is optimized."""
+    return any(_STATE in m.__dict__ for m in model.modules())
+
+
 def uninstall(module: nn.Module) -> None:
     for m in module.modules():
         if is_optimized(m):
@@ -314,21 +340,20 @@ def uninstall(module: nn.Module) -> None:
     module.__dict__.pop("fxfuse_report", None)
 
 
-def _build(
+def _take(
     root: nn.Module,
     state: _State,
+    captured: Capture,
+    graph: fx.Graph,
+    found: Findings,
     example_inputs: Optional[Sequence[Any]],
-    captures: Optional[Captures] = None,
-    path: str = "",
     pattern: Optional[CallPattern] = None,
 ) -> Callable:
-    """Rewrite `root`'s graph for its current training flags and a call `pattern` (captured now, or taken
-    from `captures`), compile and cache it."""
-    pattern = call_pattern(root, example_inputs, pattern)
-    if captures is None:
-        captured = capture(root, example_inputs, pattern)
-    else:
-        captured = captures.get(root, path, example_inputs, pattern)
+    """Cache `graph` (rewritten from `captured`, a capture of `root` for its current training flags and a
+    call `pattern`, by default the capture's) as what `root` runs for that key, compiled; what it baked in
+    joins the key."""
+    pattern = pattern if pattern is not None else captured.pattern
+    pattern = call_pattern(root, example_inputs, pattern) if pattern is None else pattern
     traced = captured.traced
     if traced.specialized:
         state.specialized = True
@@ -341,7 +366,6 @@ def _build(
                 (modules[traced_path], a) for a in _CHECKPOINT_FLAGS if hasattr(modules[traced_path], a)
             )
             state.graphs.clear()
-    graph, found = apply(root, captured, state.options)
     key = _key(state, example_inputs or (), pattern=pattern)
     state.fx_graphs[key] = graph
     fn = graphs.compile_graph(graph)
@@ -349,42 +373,55 @@ def _build(
     state.last_pattern = pattern
     state.graphs[key] = fn
     state.found[key] = found
-    state.last_leaf_failures = traced.leaf_failures
-    state.last_hooked = traced.hooked
     return fn
+
+
+def _build(
+    root: nn.Module, state: _State, example_inputs: Optional[Sequence[Any]], pattern: Optional[CallPattern] = None
+) -> tuple[Callable, Capture]:
+    """Capture `root` for its current training flags and a call `pattern` now, rewrite it with the state's
+    plan and cache it (`_take`)."""
+    pattern = call_pattern(root, example_inputs) if pattern is None else pattern
+    captured = capture(root, example_inputs, pattern)
+    graph, found = apply(root, captured, state.options)
+    return _take(root, state, captured, graph, found, example_inputs, pattern), captured
 
 
 def _build_or_fall_back(
     root: nn.Module,
     state: _State,
     example_inputs: Optional[Sequence[Any]],
-    install: bool,
     pattern: Optional[CallPattern] = None,
 ) -> Callable:
-    """`_build`, with what it leaves out optimized on its own (`install`): the submodules of leaves
-    that could not be traced through, and hooked submodules. Where `root`'s own forward cannot be
-    traced with the current training flags and hooks, that key runs the forward as written, with
-    its submodules optimized instead, so nothing torch.fx raises reaches the caller."""
+    """`_build`, with the roots it leaves out optimized on their own (roots.inside: the submodules of leaves
+    that could not be traced through, and hooked submodules). Where `root`'s own forward cannot be traced
+    with the current training flags and hooks, that key runs the forward as written, with its submodules
+    optimized instead (roots.children), so nothing torch.fx raises reaches the caller."""
     pattern = call_pattern(root, example_inputs, pattern)
     try:
-        fn = _build(root, state, example_inputs, pattern=pattern)
+        fn, captured = _build(root, state, example_inputs, pattern)
     except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
         found = Findings()
         found.notes.append(
             f"{type(root).__name__}: forward is not traceable ({type(exc).__name__}: {tracing.first_line(exc)}); "
             "it runs as written, with its submodules optimized instead"
         )
-        if install:
-            _optimize_children(root, "", state.options, Walk(found, install))
+        _install_now(roots.children(root, "", skip=is_optimized), state.options, found)
         key = _key(state, example_inputs or (), pattern=pattern)
         state.last_key = key
         state.last_pattern = pattern
         state.graphs[key] = _original_forward
         state.found[key] = found
         return _original_forward
-    if install:
-        _optimize_inside(root, state, "", state.options, Walk(state.found[state.last_key], install))
+    _install_now(roots.inside(root, "", captured.traced, skip=is_optimized), state.options, state.found[state.last_key])
     return fn
+
+
+def _install_now(tree: list[Root], options: Options, found: Findings) -> None:
+    """Capture, rewrite and install the roots of `tree` (below a module whose graph is built at call time), and
+    add what their passes found to `found`."""
+    applied = apply_roots(tree, options, installed=True)
+    applied.findings(tree, install(tree, applied, options), found)
 
 
 def _build_other_mode(
@@ -403,7 +440,7 @@ def _build_other_mode(
     try:
         for m in state.key_modules:
             m.training = not flags[0]
-        _build_or_fall_back(root, state, example_inputs if state.specialized else None, install=True, pattern=pattern)
+        _build_or_fall_back(root, state, example_inputs if state.specialized else None, pattern=pattern)
         return ("eval" if flags[0] else "train"), state.found[state.last_key]
     finally:
         for m, flag in zip(state.key_modules, flags):
@@ -423,86 +460,37 @@ def _attach(
 
 def _install(module: nn.Module, options: Options, example_inputs=None) -> _State:
     state = _new_state(module, options)
-    _build_or_fall_back(module, state, example_inputs, install=True)
+    _build_or_fall_back(module, state, example_inputs)
     _attach(module, state, example_inputs)
     return state
 
 
-def _prefixed(found: Findings, prefix: str) -> Findings:
-    if not prefix:
-        return found
-
-    def names(ms):
-        return tuple(f"{prefix}.{m}" if m and not m.startswith(":") else f"{prefix}{m}" for m in ms)
-
-    return Findings(
-        [dataclasses.replace(s, names=names(s.names)) for s in found.sites],
-        [dataclasses.replace(s, names=names(s.names)) for s in found.skipped],
-        [f"{prefix}.{n}" if not n.startswith(prefix) else n for n in found.notes],
-    )
-
-
-def _joined(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-def _optimize_children(module: nn.Module, path: str, options: Options, walk: Walk) -> int:
-    """Optimize each child of `module` (at `path`) that is not a library module. Returns #roots optimized."""
-    roots = 0
-    for name, child in module.named_children():
-        if not is_library_module(child) and not (walk.install and is_optimized(child)):
-            roots += _optimize_tree(child, _joined(path, name), options.scoped(name), None, walk)
-    return roots
-
-
-def _optimize_inside(module: nn.Module, state: _State, path: str, options: Options, walk: Walk) -> int:
-    """Optimize what the last trace of `module` kept as leaves: the children of leaves that could
-    not be traced through, and hooked modules (their hooks need a module call; their forward
-    can still be fused). Returns #roots optimized."""
-    roots = 0
-    for leaf_path in state.last_leaf_failures:
-        leaf = module.get_submodule(leaf_path)
-        roots += _optimize_children(leaf, _joined(path, leaf_path), options.scoped(leaf_path), walk)
-    for leaf_path in state.last_hooked:
-        leaf = module.get_submodule(leaf_path)
-        if not is_library_module(leaf) and not (walk.install and is_optimized(leaf)):
-            roots += _optimize_tree(leaf, _joined(path, leaf_path), options.scoped(leaf_path), None, walk)
-    return roots
-
-
-def _optimize_tree(module: nn.Module, path: str, options: Options, example_inputs, walk: Walk) -> int:
-    """Optimize `module` if it traces, else its largest traceable submodules. Returns #roots optimized."""
-    state = _new_state(module, options)
-    found = walk.found
-    try:
-        _build(module, state, example_inputs, walk.captures, path)
-    except Exception as exc:  # noqa: BLE001 - tracing failures of arbitrary user code
-        has_children = any(not is_library_module(child) for child in module.children())
-        found.notes.append(
-            f"{path or type(module).__name__}: forward is not traceable ({type(exc).__name__}: "
-            f"{tracing.first_line(exc)}); optimizing its submodules instead"
-            + ("" if has_children else " (it has none that fxfuse could trace)")
-        )
-        return _optimize_children(module, path, options, walk)
-    merged = _prefixed(state.found[state.last_key], path)
-    found.sites.extend(merged.sites)
-    found.skipped.extend(merged.skipped)
-    found.notes.extend(merged.notes)
-    roots = 1 + _optimize_inside(module, state, path, options, walk)
-    if walk.install:
-        other = _attach(module, state, example_inputs, walk.both_modes)
+def install(
+    tree: Sequence[Root],
+    applied: Applied,
+    options: Options,
+    example_inputs: Optional[Sequence[Any]] = None,
+    both_modes: bool = True,
+) -> dict[str, tuple[str, Findings]]:
+    """Make every root of `tree` with a graph in `applied` run it (the model's own root, at path "", keyed
+    with `example_inputs`), each root after the roots within it, each with its other train/eval mode's graph
+    too (`both_modes`; not for the policy's meta-device trials, which run one forward). Returns, by root
+    path, the other mode's name and what its passes found."""
+    later: dict[str, tuple[str, Findings]] = {}
+    for root in tree:
+        if root.repeat:
+            continue
+        if root.path not in applied.graphs:  # its forward does not trace: the roots within it are its children
+            later.update(install(root.inside, applied, options, None, both_modes))
+            continue
+        inputs = example_inputs if not root.path else None
+        state = _new_state(root.module, options.scoped(root.path) if root.path else options)
+        _take(root.module, state, root.capture, applied.graphs[root.path], applied.found[root.path], inputs)
+        later.update(install(root.inside, applied, options, None, both_modes))
+        other = _attach(root.module, state, inputs, both_modes)
         if other is not None:
-            mode, other_found = other
-            for note in _prefixed(other_found, path).notes:
-                if note not in found.notes:
-                    found.notes.append(f"in {mode} mode: {note}")
-    return roots
-
-
-def walk(model: nn.Module, example_inputs, options: Options, walk: Walk) -> int:
-    """Optimize (or with `walk.install` False, only find the sites of) `model`'s tree of traceable
-    roots, into `walk.found`. Returns how many roots were optimized."""
-    return _optimize_tree(model, "", options, example_inputs, walk)
+            later[root.path] = other
+    return later
 
 
 def graph_for(module: nn.Module, *args, **kwargs) -> Optional[object]:

@@ -1,15 +1,18 @@
-"""fxfuse.optimize / fxfuse.explain: one straight pipeline.
+"""fxfuse.optimize / fxfuse.explain: one straight pipeline, a module per stage.
 
-    capture      trace each traceable root of the model once (capture.py; `Captures` keeps them)
-    find sites   the passes on copies of the captured graphs, in mode="memory" and "fast" (apply.py):
-                 the sites' data (plan.SiteData)
-    choose       the policy turns those sites into a Plan (policy.py; its meta-device counts apply
-                 plans to the same captured graphs: counts.py)
-    apply        the captured graphs rewritten with the Plan (apply.py)
-    install      the class swap, the graph cache and the other train/eval mode (install.py)
-    report       the FusionReport rendered from the final sites and the Plan (report.render)
+    roots     the model's tree walked once: each root with its capture, or why it has none
+              (roots.py; a model whose capture needs its inputs' shapes and got none is optimized at
+              its first call instead)
+    sites     the passes on copies of the roots' captures, in mode="memory" and "fast" (apply.sites):
+              the sites' data (plan.SiteData)
+    plan      the policy turns those sites into a Plan (policy.py; a budget's meta-device counts apply
+              plans to the same roots on a meta copy: counts.py)
+    apply     the roots' captures rewritten with the Plan (apply.apply_roots)
+    install   each root's class swapped to run its graph, with its other train/eval mode's graph
+              (install.py)
+    report    the FusionReport rendered from the final sites and the Plan (report.render)
 
-Each step calls only those after it. What the optimized module does at call time (rebuilds
+Each stage calls only those after it. What the optimized module does at call time (rebuilds
 when training flags, hooks or input shapes change; pickling) is install.py's.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from typing import Optional, Union
 
 import torch
@@ -24,15 +28,19 @@ from torch import nn
 
 from .. import _extension, measure
 from ..errors import ConfigurationError, TracingError
+from . import apply, layout, policy, roots
 from . import example_inputs as _example_inputs
-from . import layout, policy
 from .capture import Captures
 from .counts import Counts
-from .install import Walk, _rebuild, is_optimized, uninstall, walk  # noqa: F401 - _rebuild: older pickles name it here
-from .plan import MODES, Findings, Options
+from .install import _rebuild, any_optimized, is_optimized, uninstall  # noqa: F401 - _rebuild: older pickles name it here
+from .install import defer as install_at_first_call
+from .install import install as install_roots
+from .plan import MODES, Findings, Options, Plan
 from .regions import time_model
 from .regions.time_model import Rates as TimeModel
 from .report import FusionReport, render
+from .roots import Root
+from .tracing import first_line
 
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -95,19 +103,28 @@ def _check_example_inputs(model: nn.Module, example_inputs) -> None:
         _example_inputs.check_accepted(model, inputs)
 
 
-def _run(
-    model: nn.Module, example_inputs, options: Options, install: bool, captures: Optional[Captures] = None
-) -> Findings:
-    found = Findings()
-    roots = walk(model, example_inputs, options, Walk(found, install, captures))
-    if roots == 0:
+def _roots(model: nn.Module, inputs, captures: Captures) -> list[Root]:
+    """The model's tree of roots, each with its capture (roots.py); an error where none traces."""
+    tree = [roots.find(model, inputs, captures)]
+    if roots.captured(tree) == 0:
         raise TracingError(
             f"fxfuse could not trace {type(model).__name__} nor any of its submodules, so nothing was optimized. "
-            + " ".join(found.notes)
+            + " ".join(r.note for r in roots.walk(tree))
             + " Make the forward traceable by torch.fx (no Python control flow on tensor values), "
             "or optimize the traceable parts yourself: fxfuse.optimize(model.backbone)."
         )
-    return found
+    return tree
+
+
+def _run(
+    model: nn.Module, example_inputs, options: Options, install: bool, captures: Optional[Captures] = None
+) -> Findings:
+    """The stages after the plan, for `options` given: roots, apply, install (`install`). Tests and
+    benchmarks that pick their own plan run this; returns what the passes found."""
+    inputs = _normalize_inputs(example_inputs)
+    tree = _roots(model, inputs, Captures() if captures is None else captures)
+    applied = apply.apply_roots(tree, options, installed=install)
+    return applied.findings(tree, install_roots(tree, applied, options, inputs) if install else {})
 
 
 def _precision(inputs, autocast) -> tuple[Optional[measure.Autocast], str]:
@@ -144,14 +161,12 @@ def _time_model(inputs, autocast: Optional[measure.Autocast], spec) -> time_mode
         raise ConfigurationError(f"time_model / ${time_model.ENV}: {exc}") from exc
 
 
-def _decide(
-    model: nn.Module, inputs, mode: str, memory_budget, peak_budget, captures: Captures, autocast=None
-) -> Options:
-    """Find the sites of both modes on the captured graphs, and let the policy choose among them."""
+def _plan(model: nn.Module, inputs, mode: str, memory_budget, peak_budget, tree: list[Root], autocast=None) -> Options:
+    """Find the sites of both modes in the roots' captures, and let the policy choose among them."""
     if mode == "fast" and memory_budget is None and peak_budget is None:
         return Options(mode)
-    memory = _run(model, inputs, Options("memory"), False, captures).sites
-    fast = _run(model, inputs, Options("fast"), False, captures).sites
+    memory = apply.sites(tree, "memory")
+    fast = apply.sites(tree, "fast")
     if memory_budget is None and peak_budget is None:
         choose = policy.choose_auto if mode == "auto" else policy.choose_memory
         plan = choose(model, memory, fast)
@@ -161,7 +176,7 @@ def _decide(
             memory,
             fast,
             None if memory_budget is None else float(memory_budget),
-            Counts(model, inputs, captures, autocast),
+            Counts(model, inputs, tree, autocast),
             peak_budget=None if peak_budget is None else float(peak_budget),
         )
     return Options(mode, plan, memory_budget)
@@ -177,29 +192,96 @@ def _optimized(
     peak_budget=None,
     autocast: Optional[torch.dtype] = None,
     time_model_spec=None,
+    at_first_call: bool = True,
 ) -> FusionReport:
+    """`at_first_call`: where the model's capture needs its inputs' shapes and none were given, install it to
+    be optimized at its first call (roots.py)."""
     inputs = _normalize_inputs(example_inputs)
     chosen = layout.decide(model, inputs, memory_format)
     if chosen.channels_last and inputs is not None:
         inputs = layout.to_channels_last(inputs)
     counted_under, precision = _precision(inputs, autocast)
-    captures = Captures(counted_under)
+    layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
     rates = None
     if memory_budget is not None or peak_budget is not None:
         rates = _time_model(inputs, counted_under, time_model_spec)
+    captures = Captures(counted_under)
+    shapes_needed = roots.needs_shapes(model, captures) if inputs is None else None
+    notes_first = []
+    if shapes_needed is not None:
+        if install and at_first_call:
+            return _defer(model, mode, memory_format, autocast, shapes_needed, layout_line)
+        captured_later = _FIRST_CALL.format(name=type(model).__name__, why=shapes_needed)
+        notes_first.append(f"{captured_later}; explain(model, example_inputs) shows what it fuses then")
+    tree = _roots(model, inputs, captures)  # roots
     with time_model.using(rates):
-        options = _decide(model, inputs, mode, memory_budget, peak_budget, captures, counted_under)
+        options = _plan(model, inputs, mode, memory_budget, peak_budget, tree, counted_under)  # sites, plan
     options = dataclasses.replace(options, channels_last=chosen.channels_last)
-    found = _run(model, inputs, options, install, captures)
+    applied = apply.apply_roots(tree, options, installed=install)  # apply
+    later = install_roots(tree, applied, options, inputs) if install else {}  # install
+    found = applied.findings(tree, later)
     if install and chosen.channels_last:
         model.to(memory_format=torch.channels_last)
-    layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
     own_rates = rates is not None and rates.source != time_model.BUILTIN_SOURCE
     notes = policy.device_notes(inputs, own_rates) if options.plan.choice is not None else []
     report = render(options.mode, found, options.plan, layout_line, notes)
+    report.notes[:0] = notes_first
     report.precision = precision
     report.time_model = rates
     return report
+
+
+_FIRST_CALL = (
+    "{name}: its capture needs its inputs' shapes, which no example inputs gave: {why}; optimize(model) "
+    "captures it at its first call, with that call's inputs (on meta copies: nothing is computed with them)"
+)
+
+
+def _defer(model: nn.Module, mode: str, memory_format: str, autocast, why: str, layout_line: str) -> FusionReport:
+    """Install `model` to be optimized at its first call; the report says so until then."""
+    at_first_call = functools.partial(
+        _optimize_at_first_call, mode=mode, memory_format=memory_format, autocast=autocast
+    )
+    install_at_first_call(model, Options(mode), at_first_call)
+    note = _FIRST_CALL.format(name=type(model).__name__, why=why)
+    return render(
+        mode, Findings(notes=[f"{note}; model.fxfuse_report is this call's report until then"]), Plan(), layout_line
+    )
+
+
+def _optimize_at_first_call(
+    model: nn.Module, inputs: Optional[tuple], mode: str, memory_format: str, autocast: Optional[torch.dtype]
+) -> None:
+    """What `optimize(model, inputs)` does, for a model `_defer`red to its first call (`inputs`: that call's
+    arguments in signature order). Where that fails (inputs eager rejects, say: the call then raises eager's
+    error), or the call's arguments have no order, what `optimize(model)` does without deferring."""
+    name = type(model).__name__
+    uninstall(model)
+    report = None
+    if inputs is not None:
+        try:
+            _check_example_inputs(model, inputs)
+            report = _optimized(model, inputs, mode, None, memory_format, True, autocast=autocast)
+            note = f"{name}: optimized at its first call, captured with that call's inputs (no example inputs given)"
+        except Exception as exc:  # noqa: BLE001 - the call itself raises eager's error for inputs it rejects
+            uninstall(model)
+            note = (
+                f"{name}: could not be captured with its first call's inputs ({type(exc).__name__}: "
+                f"{first_line(exc)}); optimized as without example inputs"
+            )
+    else:
+        note = (
+            f"{name}: its first call's arguments have no order of its forward's parameters; optimized as "
+            "without example inputs"
+        )
+    if report is None:
+        try:
+            report = _optimized(model, None, mode, None, memory_format, True, autocast=autocast, at_first_call=False)
+        except TracingError as exc:
+            uninstall(model)
+            report = render(mode, Findings(notes=[str(exc)]), Plan())
+    report.notes.insert(0, note)
+    model.fxfuse_report = report
 
 
 def optimize(
@@ -254,7 +336,7 @@ def optimize(
     """
     _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget, autocast)
     _check_example_inputs(model, example_inputs)
-    if any(is_optimized(m) for m in model.modules()):
+    if any_optimized(model):
         uninstall(model)
     report = _optimized(
         model, example_inputs, mode, memory_budget, memory_format, True, peak_budget, autocast, time_model
@@ -278,7 +360,7 @@ def explain(
     _check(model, mode, memory_budget, example_inputs, memory_format, peak_budget, autocast)
     _check_example_inputs(model, example_inputs)
     target = model
-    if any(is_optimized(m) for m in model.modules()):
+    if any_optimized(model):
         target = copy.deepcopy(model)
         uninstall(target)
     return _optimized(

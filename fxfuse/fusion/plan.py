@@ -12,6 +12,7 @@ reads a FusionReport back.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -81,6 +82,20 @@ class Findings:
     sites: list[SiteData] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def prefixed(self, prefix: str) -> Findings:
+        """These findings of the submodule at `prefix`, named from the model's top."""
+        if not prefix:
+            return self
+
+        def names(ms):
+            return tuple(f"{prefix}.{m}" if m and not m.startswith(":") else f"{prefix}{m}" for m in ms)
+
+        return Findings(
+            [dataclasses.replace(s, names=names(s.names)) for s in self.sites],
+            [dataclasses.replace(s, names=names(s.names)) for s in self.skipped],
+            [f"{prefix}.{n}" if not n.startswith(prefix) else n for n in self.notes],
+        )
 
 
 @dataclass

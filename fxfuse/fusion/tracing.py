@@ -42,7 +42,7 @@ import functools
 import inspect
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.fx as fx
@@ -180,6 +180,7 @@ class TraceResult:
     specialized: bool = False  # shape reads were answered with the example inputs' shapes
     hooked: dict[str, str] = field(default_factory=dict)  # module path -> its hooks (a leaf so that they fire)
     bound: dict[str, Any] = field(default_factory=dict)  # the root's arguments bound for the call pattern
+    shape_failures: list[str] = field(default_factory=list)  # leaf failures after a symbolic shape read
 
 
 class ShapeProxy(fx.Proxy):
@@ -195,12 +196,14 @@ class ShapeProxy(fx.Proxy):
         if self._concrete():
             self.tracer.specialized = True
             return self.meta_value.size(*args, **kwargs)
+        self.tracer.shape_reads += 1
         return self.tracer.create_proxy("call_method", "size", (self, *args), kwargs)
 
     def dim(self):
         if self._concrete():
             self.tracer.specialized = True  # `if x.dim() == 3: x = x.unsqueeze(0)`: the rank is baked in too
             return self.meta_value.dim()
+        self.tracer.shape_reads += 1
         return self.tracer.create_proxy("call_method", "dim", (self,), {})
 
     @property
@@ -208,6 +211,7 @@ class ShapeProxy(fx.Proxy):
         if self._concrete():
             self.tracer.specialized = True
             return self.meta_value.shape
+        self.tracer.shape_reads += 1
         return fx.proxy.Attribute(self, "shape")
 
     @property
@@ -218,6 +222,7 @@ class ShapeProxy(fx.Proxy):
         if self.tracer.concrete and isinstance(self.meta_value, (torch.Tensor, tuple, list)):
             self.tracer.specialized = True
             return len(self.meta_value)
+        self.tracer.shape_reads += 1
         return super().__len__()
 
 
@@ -272,6 +277,10 @@ class FxFuseTracer(fx.Tracer):
         self.concrete_paths: frozenset[str] = frozenset()
         self.concrete = False
         self.specialized = False
+        # Symbolic reads of a shape, a length or the items of a proxy: a forward that fails after one may
+        # trace with concrete shapes (`needs_shapes`); `shape_failures` are the leaves that did.
+        self.shape_reads = 0
+        self.shape_failures: list[str] = []
         self.computing_meta = False
         self._tensor_names_root: Optional[nn.Module] = None  # getattr's map: the root it was built for
         self._tensor_names: tuple[dict, dict] = ({}, {})  # id -> (name, tensor): parameters, buffers
@@ -359,6 +368,7 @@ class FxFuseTracer(fx.Tracer):
         if self.concrete and isinstance(value, dict):
             self.specialized = True
             return list(value)
+        self.shape_reads += 1
         return super().keys(obj)
 
     def iter(self, obj):
@@ -367,6 +377,7 @@ class FxFuseTracer(fx.Tracer):
         if self.concrete and isinstance(value, (torch.Tensor, tuple, list)):
             self.specialized = True
             return iter([obj[i] for i in range(len(value))])
+        self.shape_reads += 1
         return super().iter(obj)
 
     def create_arg(self, a: Any):
@@ -395,6 +406,7 @@ class FxFuseTracer(fx.Tracer):
         num_calls = dict(self.num_calls)
         n_traced = len(self.traced_modules)
         n_augmented = len(self.augmented)
+        shape_reads = self.shape_reads
         concrete = self.concrete
         self.concrete = concrete or path in self.concrete_paths
         self.guard.begin(m)
@@ -414,6 +426,8 @@ class FxFuseTracer(fx.Tracer):
             self.num_calls = num_calls
             del self.traced_modules[n_traced:]
             del self.augmented[n_augmented:]
+            if not isinstance(failure, _ChangesState) and self.shape_reads > shape_reads:
+                self.shape_failures.append(path)
             self.leaf_failures[path] = (
                 str(failure)
                 if isinstance(failure, _ChangesState)
@@ -569,11 +583,31 @@ def trace(
         if example_inputs is None:
             raise
         return _trace(root, forward_class, example_inputs, frozenset({""}), bound)
-    retry = frozenset(path for path, why in first.leaf_failures.items() if not why.startswith(_CHANGES_STATE))
+    retry = _retried(first)
     if example_inputs is None or not retry:
         return first
     second = _trace(root, forward_class, example_inputs, retry, bound)
     return second if len(second.leaf_failures) < len(first.leaf_failures) else first
+
+
+def _retried(first: TraceResult) -> frozenset[str]:
+    """The leaves of a trace without example inputs that a trace with them does again, with concrete shapes."""
+    return frozenset(path for path, why in first.leaf_failures.items() if not why.startswith(_CHANGES_STATE))
+
+
+# Marks the error of a symbolic trace that failed after reading a shape.
+_SHAPE_FAILURE = "_fxfuse_after_shape_read"
+
+
+def needs_shapes(traced: Union[TraceResult, BaseException]) -> list[str]:
+    """What of a trace without example inputs (its result, or the error it raised) may trace as part of the
+    graph with concrete shapes, as `trace` does with example inputs: the root ("") where its own forward
+    failed, else the submodules it kept as leaves, in both cases after reading a shape, a length or a proxy's
+    items (`int(x.shape[-1])`, `if x.size(1) != c:`, `list(x.chunk(2, 1))`): not a branch on a tensor's
+    values, which concrete shapes do not trace either. Empty where example inputs would change nothing."""
+    if isinstance(traced, BaseException):
+        return [""] if getattr(traced, _SHAPE_FAILURE, False) else []
+    return list(traced.shape_failures)
 
 
 # Where install keeps an optimized module's graphs and options: in its own __dict__.
@@ -622,7 +656,13 @@ def _trace(
             with copied_plain(root):
                 tracer.meta_root = measure.meta_copy(root)
         with user_checkpoint.intercepting(tracer, tracer.user_checkpoints), _functions_as_calls(tracer):
-            graph = tracer.trace(root, concrete_args=bound or None)
+            try:
+                graph = tracer.trace(root, concrete_args=bound or None)
+            except Exception as exc:
+                if tracer.shape_reads and not tracer.concrete:
+                    with contextlib.suppress(AttributeError):
+                        setattr(exc, _SHAPE_FAILURE, True)
+                raise
         _unbind_checks(graph, bound)
     finally:
         root.__class__ = cls
@@ -640,4 +680,5 @@ def _trace(
         tracer.specialized,
         dict(tracer.hooked),
         dict(bound),
+        list(tracer.shape_failures),
     )
