@@ -78,7 +78,7 @@ def check_units():
         for path in (p for pattern in patterns for p in sources(pattern)):
             rel = os.path.relpath(path, CSRC).replace(os.sep, "/")
             if rel not in included:
-                sys.exit(f"setup.py: fxfuse/csrc/{rel} is not compiled: add #include \"{rel}\" to fxfuse/csrc/{unit}")
+                sys.exit(f'setup.py: fxfuse/csrc/{rel} is not compiled: add #include "{rel}" to fxfuse/csrc/{unit}')
 
 
 def extension():
