@@ -39,7 +39,7 @@ struct Window {
   int64_t col0(int64_t ow) const { return ow * s[1] - p[1]; }
 };
 
-bool dense(const at::Tensor& t) {
+bool dense_layout(const at::Tensor& t) {
   return t.is_contiguous() || (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast));
 }
 
@@ -120,7 +120,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_generic(
   TORCH_CHECK(
       w.k[0] * w.k[1] <= 256, "fxfuse::max_pool2d: a window of at most 256 elements, got ", w.k[0], "x", w.k[1]);
   const int64_t width = input.size(-1);
-  at::Tensor offsets = indices.device().is_cpu() && dense(indices) && !generic_path()
+  at::Tensor offsets = indices.device().is_cpu() && dense_layout(indices) && !generic_path()
       ? offsets_cpu(indices, width, w)
       : offsets_aten(indices, width, w, output.size(-2), output.size(-1));
   return {output, offsets};
@@ -136,7 +136,7 @@ at::Tensor max_pool2d_indices_generic(
   // Flat index of each position inside a window, relative to the window's first element.
   std::array<int64_t, 256> delta{};
   for (int64_t i = 0; i < w.k[0] * w.k[1]; ++i) delta[i] = (i / w.k[1]) * w.d[0] * width + (i % w.k[1]) * w.d[1];
-  if (offsets.device().is_cpu() && dense(offsets) && !generic_path()) {
+  if (offsets.device().is_cpu() && dense_layout(offsets) && !generic_path()) {
     at::Tensor indices = at::empty_like(offsets, offsets.options().dtype(at::kLong));
     const uint8_t* off = offsets.const_data_ptr<uint8_t>();
     int64_t* out = indices.mutable_data_ptr<int64_t>();
