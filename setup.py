@@ -67,18 +67,28 @@ def sources(pattern):
 # Translation units that compile a directory's files together (csrc/*_unit.cpp): apart, each file
 # spent most of its CPU time on the same torch headers and templates (a fresh build: 375 -> 200
 # CPU-seconds). The hand-written CPU kernels (cpu/) stay one unit per file.
-UNITS = {"generic_unit.cpp": ["generic/*.cpp"], "autograd_unit.cpp": ["autograd/*.cpp", "autocast/*.cpp"]}
+UNITS = {
+    "generic_unit.cpp": ["generic/*.cpp"],
+    "autograd_unit.cpp": ["autograd/*.cpp", "autocast/*.cpp"],
+    "autograd_layers_unit.cpp": ["autograd/*.cpp"],
+}
 
 
 def check_units():
-    """A file of a unit's directories that its unit does not include would be built nowhere."""
-    for unit, patterns in UNITS.items():
+    """A file of a unit's directories that no unit over them includes would be built nowhere; one that two
+    include would be built twice."""
+    where: dict[str, list[str]] = {}
+    for unit in UNITS:
         with open(os.path.join(CSRC, unit)) as f:
-            included = set(re.findall(r'^#include "([^"]+)"', f.read(), re.MULTILINE))
+            for rel in re.findall(r'^#include "([^"]+)"', f.read(), re.MULTILINE):
+                where.setdefault(rel, []).append(unit)
+    for unit, patterns in UNITS.items():
         for path in (p for pattern in patterns for p in sources(pattern)):
             rel = os.path.relpath(path, CSRC).replace(os.sep, "/")
-            if rel not in included:
+            if rel not in where:
                 sys.exit(f'setup.py: fxfuse/csrc/{rel} is not compiled: add #include "{rel}" to fxfuse/csrc/{unit}')
+            if len(where[rel]) > 1:
+                sys.exit(f"setup.py: fxfuse/csrc/{rel} is in {' and '.join(where[rel])}: keep it in one")
 
 
 def extension():
