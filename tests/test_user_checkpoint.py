@@ -468,14 +468,19 @@ def _bert(reentrant):
 def test_hf_transformers_gradient_checkpointing(reentrant):
     model = _bert(reentrant)
     optimized = fxfuse.optimize(copy.deepcopy(model))
-    calls = _checkpoint_calls(optimized)
-    assert [c.name for c in calls] == [f"checkpoint(model.encoder.layer.{i})" for i in range(2)]
-    assert optimized.fxfuse_report.fused  # the MLP's GELU → Linear inside each layer
     x = torch.randn(2, 8, 16, dtype=torch.float64)
+    # BERT's forward reads its input's shape: without example inputs it is captured at its first call.
+    assert not optimized.fxfuse_report.fused
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
+        optimized(x)
+        assert optimized.fxfuse_report.fused  # the MLP's GELU → Linear inside each layer
         assert_equivalent(model, optimized, x, dtype=torch.float64)
-        assert _saved_bytes(optimized, x) <= _saved_bytes(model, x)
+        # The layers' own checkpointing stays: what is saved is what eager saves with it, far below
+        # what eager saves without it.
+        unchecked = copy.deepcopy(model)
+        unchecked.model.gradient_checkpointing_disable()
+        assert _saved_bytes(optimized, x) <= _saved_bytes(model, x) < _saved_bytes(unchecked, x) / 2
 
 
 def _torch_checkpoint_state():
