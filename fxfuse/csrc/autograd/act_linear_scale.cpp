@@ -60,6 +60,7 @@ struct ActLinearScale : public torch::autograd::Function<ActLinearScale> {
           },
           {input, weight, bias, scale}, need, grad_out);
     } else {
+      const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto [gi, gw, gb, gs] = backward_op.call(
           grad_out, input, weight, autograd::optional(bias), scale,
           kActNames[static_cast<int>(act)], act_param, {need[0], need[1], need[2], need[3]});

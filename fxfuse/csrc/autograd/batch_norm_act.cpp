@@ -71,6 +71,7 @@ struct BatchNormAct : public torch::autograd::Function<BatchNormAct> {
           },
           {input, weight, bias}, need, grad_out);
     } else {
+      const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto [gi, gw, gb] = dispatch::bn_act_backward(
           grad_out, input, mean, var, autograd::optional(weight), autograd::optional(bias), eps,
           kActNames[static_cast<int>(act)], act_param, batch_stats, {need[0], need[1], need[2]});
@@ -119,6 +120,7 @@ struct BnAct : public torch::autograd::Function<BnAct> {
           },
           {input, weight, bias}, need, grad_out);
     } else {
+      const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto [gi, gw, gb] = dispatch::bn_act_backward(
           grad_out, input, mean, var, autograd::optional(weight), autograd::optional(bias), eps,
           kActNames[static_cast<int>(act)], act_param, false, {need[0], need[1], need[2]});

@@ -122,6 +122,7 @@ struct BnActConv : public torch::autograd::Function<BnActConv> {
           {input, in_weight, in_bias, weight, bias, bn_weight, bn_bias}, need, grad_out);
     } else {
       using autograd::optional;
+      const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto r = backward_op.call(
           grad_out, input, optional(in_weight), optional(in_bias), in_mean, in_var, in_batch_stats,
           in_eps, kActNames[static_cast<int>(in_act)], in_act_param, weight, optional(bias), stride,

@@ -54,6 +54,7 @@ struct Conv2d : public torch::autograd::Function<Conv2d> {
           },
           {input, weight, bias}, need, grad_out);
     } else {
+      const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto [gi, gw, gb] = backward_op.call(
           grad_out, input, weight, autograd::optional(bias), conv.stride, conv.padding,
           conv.dilation, conv.groups, {need[0], need[1], need[2]});

@@ -64,6 +64,7 @@ struct ConvAct : public torch::autograd::Function<ConvAct> {
           },
           {input, weight, bias}, need, grad_out);
     } else {
+      const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto [gi, gw, gb] = backward_op.call(
           grad_out, input, weight, autograd::optional(bias), conv.stride, conv.padding,
           conv.dilation, conv.groups, kActNames[static_cast<int>(act)], act_param,

@@ -84,6 +84,7 @@ struct ConvBnAct : public torch::autograd::Function<ConvBnAct> {
           },
           {input, weight, bias, bn_weight, bn_bias}, need, grad_out);
     } else {
+      const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto [gi, gw, gb, gbw, gbb] = backward_op.call(
           grad_out, input, weight, autograd::optional(bias), stride, padding, dilation, groups,
           autograd::optional(bn_weight), autograd::optional(bn_bias), mean, var, batch_stats, eps,

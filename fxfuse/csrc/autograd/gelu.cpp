@@ -44,6 +44,7 @@ struct Gelu : public torch::autograd::Function<Gelu> {
           grad_out);
       return {result[0], at::Tensor()};
     }
+    const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
     return {backward_op.call(grad_out, self, approximate), at::Tensor()};
   }
 };

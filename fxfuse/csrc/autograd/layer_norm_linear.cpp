@@ -85,6 +85,7 @@ struct LayerNormLinear : public torch::autograd::Function<LayerNormLinear> {
           [&](const variable_list& t) { return norm_linear(t[0], shape, t[1], t[2], eps, t[3], t[4]); },
           {input, ln_weight, ln_bias, weight, bias}, need, grad_out);
     } else {
+      const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto [gi, glw, glb, gw, gb] = backward_op.call(
           grad_out, input, shape, optional(ln_weight), optional(ln_bias), eps, weight, optional(bias),
           {need[0], need[1], need[2], need[3], need[4]});
@@ -152,6 +153,7 @@ struct ConvLayerNormLinear : public torch::autograd::Function<ConvLayerNormLinea
           },
           {input, conv_weight, conv_bias, ln_weight, ln_bias, weight, bias}, need, grad_out);
     } else {
+      const autograd::BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto [gi, gcw, gcb, glw, glb, gw, gb] = backward_op.call(
           grad_out, input, conv_weight, optional(conv_bias), conv.stride, conv.padding,
           conv.dilation, conv.groups, shape, optional(ln_weight), optional(ln_bias), eps, weight,

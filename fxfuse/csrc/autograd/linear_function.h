@@ -55,6 +55,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction<Traits>>
           [&](const variable_list& t) { return Traits::compose(t[0], t[1], t[2], act, act_param); },
           {input, weight, bias}, need, grad_out);
     } else {
+      const BelowAutograd below;  // the backward op's kernel, not autograd's boxed fallback
       auto [gi, gw, gb] = backward_op.call(
           grad_out, input, weight, optional(bias), kActNames[static_cast<int>(act)], act_param,
           {need[0], need[1], need[2]});
