@@ -25,6 +25,7 @@ SHARED = {
     "autograd_kernel",
     "checks",
     "compiled",
+    "direct",
     "flops",
     "higher_order",
     "linear_common",

@@ -17,6 +17,7 @@
 #include "activation_ops.h"
 #include "bn_act.h"
 #include "cpu/capability.h"
+#include "direct_calls.h"
 #include "generic_path.h"
 
 namespace fxfuse {
@@ -254,8 +255,9 @@ TORCH_LIBRARY(fxfuse_elementwise, m) {
       &fxfuse::bn_act_backward_invstd_elementwise_host);
 }
 
-// `import fxfuse._C` runs the registrations above. The module holds only what the tests
-// ask: the CPU kernels' build selection (cpu/capability.h) and the activation names.
+// `import fxfuse._C` runs the registrations above. The module holds what the tests ask (the CPU
+// kernels' build selection, cpu/capability.h, and the activation names) and the ops' direct
+// calls (direct_calls.cpp).
 namespace {
 PyObject* py_cpu_id(PyObject*, PyObject*) {
   const fxfuse::cpu::CpuId id = fxfuse::cpu::read_cpu_id();
@@ -298,5 +300,10 @@ PyMethodDef methods[] = {
 
 PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fxfuse C++ operators", -1, methods};
-  return PyModule_Create(&module);
+  PyObject* m = PyModule_Create(&module);
+  if (m != nullptr && PyModule_AddFunctions(m, fxfuse::direct_call_methods()) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }

@@ -15,7 +15,7 @@ the ops that keep them (not an op). `compiled` holds the opt-in ATen composition
 under torch.compile; `flops`
 the ops' formulas for torch.utils.flop_counter; `routing` the switch (`generic_path()`) that
 runs the device-generic implementations on CPU; `running_stats` the running-statistics update the BN ops
-and their compositions share.
+and their compositions share; `direct` the ops' calls from Python without torch.ops' boxed path.
 
 As in torchvision.ops, the package attribute of an op's name is the op's function, not its
 module: reach a module through `from fxfuse.ops.<op> import ...` or sys.modules.
@@ -28,6 +28,7 @@ from . import (
     activations,
     cat_input,
     compiled,
+    direct,
     flops,
     routing,  # noqa: F401  (fxfuse.ops.routing: the generic_path switch)
     running_stats,
@@ -71,6 +72,7 @@ if _extension.loaded():
     cat_input.register()  # on the ops' autograd: the cat_ variants of four of them
     flops.register()
     running_stats.register()  # fxfuse::update_running_stats_, which the BN ops call
+    direct.register()  # fxfuse._C's direct calls into the ops the runtime calls per site
 
 __all__ = [
     "ACTIVATIONS",

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import compiled
+from . import compiled, direct
 from .act_linear import act_linear
 from .act_linear import eager as _act_linear_eager
 from .checks import autocast_on, check_act, check_linear, linear_fusable, plain
@@ -52,7 +52,7 @@ def act_linear_scale(
     ):
         if compiled.composing():  # under torch.compile with the compositions: act_linear's, then the multiply
             return act_linear(input, weight, bias, act, act_param) * scale
-        return torch.ops.fxfuse.act_linear_scale(input, weight, bias, scale, act, float(act_param))
+        return direct.call("act_linear_scale")(input, weight, bias, scale, act, float(act_param))
     return _act_linear_eager(input, weight, bias, act=act, act_param=act_param) * scale
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import compiled, rebuild
+from . import compiled, direct, rebuild
 from .checks import apply_activation, autocast_on, check_act, fused_call, kernels_apply, stats_like
 from .higher_order import composed_gradients, differentiating, gradients_at, needed
 from .running_stats import update_running_stats
@@ -145,8 +145,8 @@ def batch_norm_act_admitted(
 
 
 def _op():
-    """fxfuse::batch_norm_act's overload: no overload resolution per call."""
-    return torch.ops.fxfuse.batch_norm_act.default
+    """fxfuse::batch_norm_act's overload, called directly where it can be (ops/direct.py)."""
+    return direct.call("batch_norm_act")
 
 
 def _keeps_input(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> bool:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import compiled
+from . import compiled, direct
 from .batch_norm_act import batch_norm_act, normalize_act
 from .checks import (
     _AUTOCAST_CASTS,
@@ -206,8 +206,8 @@ def _run(
 
 
 def _op():
-    """fxfuse::bn_act_conv's overload: no overload resolution per call."""
-    return torch.ops.fxfuse.bn_act_conv.default
+    """fxfuse::bn_act_conv's overload, called directly where it can be (ops/direct.py)."""
+    return direct.call("bn_act_conv")
 
 
 def _autocast_conv_operands(input: Tensor, weight, bias) -> Optional[tuple]:

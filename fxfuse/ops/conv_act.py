@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import compiled
+from . import compiled, direct
 from .checks import IntPair, apply_activation, check_act, conv_backward_meta, conv_meta, fusable_conv_geometry
 
 __all__ = ["conv_act"]
@@ -50,7 +50,7 @@ def conv_act(
     if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
         conv = functools.partial(_conv2d, stride=stride, padding=padding, dilation=dilation, groups=groups)
         return compiled.compiled_layer_act(conv, (input, weight, bias), act, act_param)
-    return torch.ops.fxfuse.conv_act(input, weight, bias, stride, padding, dilation, groups, act, float(act_param))
+    return direct.call("conv_act")(input, weight, bias, stride, padding, dilation, groups, act, float(act_param))
 
 
 def _conv2d(input, weight, bias, *, stride, padding, dilation, groups):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import compiled
+from . import compiled, direct
 from .batch_norm_act import batch_ok, normalize_act
 from .checks import (
     IntPair,
@@ -136,8 +136,8 @@ def _per_channel(tensors, shape) -> bool:
 
 
 def _op():
-    """fxfuse::conv_bn_act's overload: no overload resolution per call."""
-    return torch.ops.fxfuse.conv_bn_act.default
+    """fxfuse::conv_bn_act's overload, called directly where it can be (ops/direct.py)."""
+    return direct.call("conv_bn_act")
 
 
 def _conv_bn_act_fake(

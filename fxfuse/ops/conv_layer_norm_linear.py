@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import compiled
+from . import compiled, direct
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry, layer_dtype
 from .layer_norm_linear import _backward_fake as _norm_linear_backward_fake
 from .layer_norm_linear import _fake as _norm_linear_fake
@@ -71,7 +71,7 @@ def conv_layer_norm_linear(
     if compiled.applies(input):  # under torch.compile: the conv, then layer_norm_linear's composition
         z = F.conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups).permute(0, 2, 3, 1)
         return layer_norm_linear(z, [size], ln_weight, ln_bias, eps, weight, bias)
-    return torch.ops.fxfuse.conv_layer_norm_linear(
+    return direct.call("conv_layer_norm_linear")(
         input, conv_weight, conv_bias, stride, padding, dilation, groups, [size], ln_weight, ln_bias, float(eps),
         weight, bias,
     )  # fmt: skip

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import compiled
+from . import compiled, direct
 from .checks import check_linear, linear_fusable, norm_dtype, plain
 
 __all__ = ["layer_norm_linear"]
@@ -69,7 +69,7 @@ def layer_norm_linear(
     if _fusable(input, size, ln_weight, ln_bias, eps, weight, bias):
         if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
             return compiled.compiled_layer_norm_linear(input, [size], ln_weight, ln_bias, float(eps), weight, bias)
-        return torch.ops.fxfuse.layer_norm_linear(input, [size], ln_weight, ln_bias, float(eps), weight, bias)
+        return direct.call("layer_norm_linear")(input, [size], ln_weight, ln_bias, float(eps), weight, bias)
     return F.linear(F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias)
 
 

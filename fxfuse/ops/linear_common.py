@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from . import compiled
+from . import compiled, direct
 from .checks import check_act, check_linear, linear_fusable
 
 
@@ -22,7 +22,7 @@ def call_linear_op(op: str, composition: Callable, eager: Callable, input, weigh
     if linear_fusable(input, weight, bias):
         if compiled.applies(input):
             return composition(F.linear, (input, weight, bias), act, act_param)
-        return getattr(torch.ops.fxfuse, op)(input, weight, bias, act, float(act_param))
+        return direct.call(op)(input, weight, bias, act, float(act_param))
     return eager(input, weight, bias, act=act, act_param=act_param)
 
 

@@ -10,6 +10,8 @@ import functools
 import torch
 from torch import Tensor
 
+from . import direct
+
 __all__ = ["update_running_stats"]
 
 
@@ -51,7 +53,7 @@ def _native_update():
     """fxfuse::update_running_stats_ (its overload: no overload resolution per call), or None without fxfuse._C.
     Not asked while dynamo traces (it would warn of the cache)."""
     native = hasattr(torch.ops.fxfuse, "update_running_stats_")
-    return torch.ops.fxfuse.update_running_stats_.default if native else None
+    return direct.call("update_running_stats_") if native else None
 
 
 def _update_running_stats_fake(running_mean, running_var, mean, unbiased_var, momentum):
