@@ -9,6 +9,7 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
+from support.branching import Block, Holder, Untraceable
 from torch import nn
 
 import fxfuse
@@ -82,38 +83,6 @@ def _model(cls):
 
 def _names(report):
     return [s.modules for s in report.fused]
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        return torch.relu(self.bn(self.conv(x)))
-
-
-class Holder(nn.Module):
-    """Branches on a value (does not trace) around a block it may share with another Holder."""
-
-    def __init__(self, block):
-        super().__init__()
-        self.a, self.b = block, Block()
-
-    def forward(self, x):
-        return self.b(self.a(x) if x.sum() > 0 else self.a(-x))
-
-
-class Untraceable(nn.Module):
-    """Its own forward branches on a value; its blocks trace."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = Block(), Block()
-
-    def forward(self, x):
-        y = self.a(x)
-        return self.b(y) if y.sum() > 0 else self.b(-y)
 
 
 class Outer(nn.Module):
