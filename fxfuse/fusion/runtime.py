@@ -68,6 +68,22 @@ def bn_tensors(bn: nn.BatchNorm2d) -> tuple[Optional[Tensor], Optional[Tensor], 
     return bn.weight, bn.bias, bn.running_mean, bn.running_var
 
 
+@functools.cache
+def _plain_layer(cls: type) -> bool:
+    """Whether a conv or linear class has no class attribute or property named `weight` or `bias`
+    (a parametrization's class has): `_parameters` then holds what `getattr` reads."""
+    return not (hasattr(cls, "weight") or hasattr(cls, "bias"))
+
+
+def layer_tensors(layer: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
+    """(weight, bias) of a conv or linear module, as its forward reads them: from `_parameters` where
+    they are there and nothing else answers to those names, at a fraction of nn.Module.__getattr__'s cost."""
+    params = layer._parameters
+    if "weight" in params and "bias" in params and _plain_layer(type(layer)):
+        return params["weight"], params["bias"]
+    return layer.weight, layer.bias
+
+
 def _conv_input(x: Tensor, conv: nn.Conv2d) -> tuple[Tensor, Any]:
     """(input, padding) of the F.conv2d call `conv(x)` makes: Conv2dSame pads "same" from the input size,
     padding modes other than zeros pad first; both then convolve without padding."""
@@ -92,8 +108,9 @@ def conv_bn_act_module(
     """`act(bn(conv(x)))`, keeping only `x` for backward (or `pieces`: `x` is `torch.cat(pieces, 1)`,
     passes/cat_input.py)."""
     bn_params = bn_tensors(bn)
+    conv_weight, conv_bias = layer_tensors(conv)
     if not (
-        layer_kernels_apply(x, (conv.weight, conv.bias), bn_params)
+        layer_kernels_apply(x, (conv_weight, conv_bias), bn_params)
         and x.shape[1] == conv.in_channels
         and bn.num_features == conv.out_channels
     ):
@@ -103,7 +120,7 @@ def conv_bn_act_module(
     weight, bias, running_mean, running_var = bn_params
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn, running_mean, running_var)
     return conv_bn_act_admitted(
-        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, running_mean, running_var,
+        x, conv_weight, conv_bias, conv.stride, padding, conv.dilation, conv.groups, running_mean, running_var,
         weight, bias, batch_stats, momentum, bn.eps, act, act_param, pieces if x is given else None,
     )  # fmt: skip
 
@@ -138,8 +155,9 @@ def conv_bn_act_conv_module(
         return apply_activation(y, act, act_param)
     given = x
     x, padding = _conv_input(x, conv)
+    weight, bias = layer_tensors(conv)
     return ops.conv_bn_act(
-        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, running_mean, running_var,
+        x, weight, bias, conv.stride, padding, conv.dilation, conv.groups, running_mean, running_var,
         bn_weight, bn_bias, training, momentum, eps, act, act_param, pieces=pieces if x is given else None,
     )  # fmt: skip
 
@@ -180,22 +198,24 @@ def _output_like(meta_input: Tensor, device: torch.device, weight, bias, stride,
 def conv_act_module(x: Tensor, conv: nn.Conv2d, act: str, act_param: float) -> Tensor:
     """`act(conv(x))`, keeping only `x` for backward."""
     x, padding = _conv_input(x, conv)
-    return ops.conv_act(x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups, act, act_param)
+    weight, bias = layer_tensors(conv)
+    return ops.conv_act(x, weight, bias, conv.stride, padding, conv.dilation, conv.groups, act, act_param)
 
 
 def conv2d_module(x: Tensor, conv: nn.Conv2d, pieces: Optional[list] = None) -> Tensor:
     """`conv(x)`, with fxfuse's conv backward (ops.conv2d), keeping `x` (or `pieces`) for backward."""
     given = x
     x, padding = _conv_input(x, conv)
+    weight, bias = layer_tensors(conv)
     return ops.conv2d(
-        x, conv.weight, conv.bias, conv.stride, padding, conv.dilation, conv.groups,
+        x, weight, bias, conv.stride, padding, conv.dilation, conv.groups,
         pieces=pieces if x is given else None,
     )  # fmt: skip
 
 
 def linear_act_module(x: Tensor, linear: nn.Linear, act: str, act_param: float) -> Tensor:
     """`act(linear(x))`, keeping only `x` for backward."""
-    return ops.linear_act(x, linear.weight, linear.bias, act, act_param)
+    return ops.linear_act(x, *layer_tensors(linear), act, act_param)
 
 
 def _identity_now(module: nn.Module) -> bool:
@@ -207,7 +227,7 @@ def act_linear_module(x: Tensor, act: str, act_param: float, linear: nn.Linear, 
     (nn.Identity, nn.Dropout: passes/act_linear.py) is the identity in this call: a Dropout
     whose p is 0 or that is in eval. Otherwise the modules run as they are, eagerly."""
     if all(_identity_now(m) for m in between):
-        return ops.act_linear(x, linear.weight, linear.bias, act, act_param)
+        return ops.act_linear(x, *layer_tensors(linear), act, act_param)
     y = apply_activation(x, act, act_param)
     for module in between:
         y = module(y)
@@ -240,7 +260,7 @@ def act_linear_scale_module(
     `scale` scales each output feature. Otherwise the modules run as they are, eagerly."""
     if all(_identity_now(m) for m in (*pre, *post)):
         if isinstance(scale, Tensor) and scales_features(tuple(scale.shape), x.dim(), dims, linear.out_features):
-            y = ops.act_linear_scale(x, linear.weight, linear.bias, scale.reshape(-1), act, act_param)
+            y = ops.act_linear_scale(x, *layer_tensors(linear), scale.reshape(-1), act, act_param)
             return y.permute(dims) if dims else y
     y = apply_activation(x, act, act_param)
     for module in pre:
@@ -253,7 +273,7 @@ def act_linear_scale_module(
 
 def layer_norm_linear_module(x: Tensor, norm: nn.LayerNorm, linear: nn.Linear) -> Tensor:
     """`linear(norm(x))`, keeping only `x` for backward."""
-    return ops.layer_norm_linear(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps, linear.weight, linear.bias)
+    return ops.layer_norm_linear(x, norm.normalized_shape, *layer_tensors(norm), norm.eps, *layer_tensors(linear))
 
 
 def batch_norm_act_module(
@@ -299,14 +319,15 @@ def bn_act_conv_module(
     exactly run the sites it merges, each as it would run alone."""
     in_params = bn_tensors(bn)
     out_params = bn_tensors(out_bn) if out_bn is not None else ()
+    conv_weight, conv_bias = layer_tensors(conv)
     geometry = None
     if (
         kernels_apply(y, in_params)
         and y.shape[1] == bn.num_features == conv.in_channels
-        and layer_params_apply(y, (conv.weight, conv.bias), out_params)
+        and layer_params_apply(y, (conv_weight, conv_bias), out_params)
         and (out_bn is None or out_bn.num_features == conv.out_channels)
     ):
-        geometry = conv_geometry(y, conv.weight, conv.stride, conv.padding, conv.dilation)
+        geometry = conv_geometry(y, conv_weight, conv.stride, conv.padding, conv.dilation)
     if geometry is None:
         x = batch_norm_act_module(y, bn, act, act_param, pieces)
         return conv(x) if out_bn is None else conv_bn_act_module(x, conv, out_bn, out_act, out_act_param)
@@ -318,14 +339,14 @@ def bn_act_conv_module(
     if out_bn is None:
         return bn_act_conv_admitted(
             y, running_mean, running_var, weight, bias, batch_stats, momentum, bn.eps, act, act_param,
-            conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, False, None, None, None,
+            conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, False, None, None, None,
             None, False, 0.1, 1e-5, "none", 0.0, pieces, geometry,
         )  # fmt: skip
     out_weight, out_bias, out_mean, out_var = out_params
     out_mean, out_var, out_batch_stats, out_momentum = bn_call_config(out_bn, out_mean, out_var)
     return bn_act_conv_admitted(
         y, running_mean, running_var, weight, bias, batch_stats, momentum, bn.eps, act, act_param,
-        conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, True, out_mean, out_var,
+        conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, True, out_mean, out_var,
         out_weight, out_bias, out_batch_stats, out_momentum, out_bn.eps, out_act, out_act_param, pieces, geometry,
     )  # fmt: skip
 
