@@ -20,7 +20,8 @@ INTERNAL = BN_ACT | {"update_running_stats_"}
 INTERNAL |= {"max_pool2d_indices"}
 # The file (csrc/generic/<family>.cpp) of each internal op's schema; a public op's, and its backward's, is
 # generic/<op>.cpp.
-FAMILY = dict.fromkeys(BN_ACT, "bn_act") | {"update_running_stats_": "running_stats", "max_pool2d_indices": "max_pool2d"}
+FAMILY = dict.fromkeys(BN_ACT, "bn_act")
+FAMILY |= {"update_running_stats_": "running_stats", "max_pool2d_indices": "max_pool2d"}
 # What the op modules share (fxfuse/ops/__init__.py says what each holds).
 SHARED = {
     "__init__",
