@@ -1,5 +1,5 @@
 """One name per op in every layer (docs/design.md, "One name per op"): fxfuse::<op> has its wrapper
-`fxfuse.ops.<op>` in fxfuse/ops/<op>.py, its device-generic implementation in
+`fxfuse.ops.<op>` in fxfuse/ops/<op>.py, its schema and device-generic implementation in
 csrc/generic/<op>.cpp and its tests in tests/test_ops_<op>.py."""
 
 from pathlib import Path
@@ -12,12 +12,16 @@ from fxfuse import _extension
 
 ROOT = Path(__file__).resolve().parents[1]
 # The BN(+activation) building blocks of batch_norm_act, conv_bn_act and bn_act_conv: no wrapper of
-# their own (ops/batch_norm_act.py registers them, generic/bn_act.cpp implements them); and the running
-# statistics update they all call (ops/running_stats.py).
-INTERNAL = {"bn_stats", "bn_act", "bn_act_", "bn_act_backward", "bn_act_backward_", "bn_act_backward_into_grad_"}
-INTERNAL |= {"update_running_stats_"}
+# their own (ops/batch_norm_act.py registers them, generic/bn_act.cpp defines and implements them); and the
+# running statistics update they all call (ops/running_stats.py, generic/running_stats.cpp).
+BN_ACT = {"bn_stats", "bn_act", "bn_act_", "bn_act_backward", "bn_act_backward_", "bn_act_backward_into_grad_"}
+INTERNAL = BN_ACT | {"update_running_stats_"}
 # max_pool2d's backward rebuilds ATen's indices with it (ops/max_pool2d.py, generic/max_pool2d.cpp).
 INTERNAL |= {"max_pool2d_indices"}
+# The file (csrc/generic/<family>.cpp) of each internal op's schema; a public op's, and its backward's, is
+# generic/<op>.cpp.
+FAMILY = dict.fromkeys(BN_ACT, "bn_act")
+FAMILY |= {"update_running_stats_": "running_stats", "max_pool2d_indices": "max_pool2d"}
 # What the op modules share (fxfuse/ops/__init__.py says what each holds).
 SHARED = {
     "__init__",
@@ -67,5 +71,19 @@ def test_one_name_in_every_layer(op):
     function = getattr(fxfuse.ops, op)
     assert (function.__name__, function.__module__) == (op, f"fxfuse.ops.{op}")
     assert (ROOT / "tests" / f"test_ops_{op}.py").is_file()
-    generic = ROOT / "fxfuse" / "csrc" / "generic" / ("bn_act.cpp" if op == "batch_norm_act" else f"{op}.cpp")
-    assert f'm.impl("{op}", ' in generic.read_text()
+    assert f'm.impl("{op}", ' in (ROOT / "fxfuse" / "csrc" / "generic" / f"{op}.cpp").read_text()
+
+
+@pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
+def test_each_schema_is_a_fragment_beside_its_generic_kernel():
+    """As torchvision's csrc/ops/<op>.cpp: fxfuse::<op>'s schema is in a TORCH_LIBRARY_FRAGMENT of
+    generic/<op>.cpp, and the namespace's one TORCH_LIBRARY (ops.cpp) defines none."""
+    csrc = ROOT / "fxfuse" / "csrc"
+    texts = {path.relative_to(csrc).as_posix(): path.read_text() for path in csrc.rglob("*") if path.is_file()}
+    names = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("fxfuse::")}
+    for name in sorted(names - CAT_VARIANTS):
+        family = FAMILY.get(name, name.removesuffix("_backward"))
+        assert [rel for rel, text in texts.items() if f'"{name}(' in text] == [f"generic/{family}.cpp"], name
+        assert "TORCH_LIBRARY_FRAGMENT(fxfuse, m) {" in texts[f"generic/{family}.cpp"]
+    assert [rel for rel, text in texts.items() if "TORCH_LIBRARY(fxfuse, m)" in text] == ["ops.cpp"]
+    assert "TORCH_LIBRARY(fxfuse, m) {}" in texts["ops.cpp"]

@@ -110,6 +110,13 @@ inline void act_backward_into(
 // "tanh". Anything else raises the RuntimeError that at::gelu raises.
 bool gelu_is_tanh(c10::string_view approximate, const char* op);
 
+// The schemas of gelu and gelu_backward (generic/gelu.cpp), which torch.ops.fxfuse_generic
+// (ops.cpp) defines again.
+namespace schemas {
+extern const char* const kGelu;
+extern const char* const kGeluBackward;
+}  // namespace schemas
+
 // Device-generic implementations (generic/gelu.cpp).
 at::Tensor gelu_generic(const at::Tensor& self, c10::string_view approximate);
 at::Tensor gelu_backward_generic(

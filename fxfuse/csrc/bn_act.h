@@ -20,6 +20,18 @@
 
 namespace fxfuse {
 
+// The schemas of bn_stats, bn_act, bn_act_backward and their in-place forms (generic/bn_act.cpp)
+// and of update_running_stats_ (generic/running_stats.cpp), which the tests' namespaces
+// (ops.cpp: fxfuse_generic, fxfuse_elementwise) define again.
+namespace schemas {
+extern const char* const kBnStats;
+extern const char* const kBnAct;
+extern const char* const kBnActBackward;
+extern const char* const kBnActInplace;
+extern const char* const kBnActBackwardInplace;
+extern const char* const kBnActBackwardIntoGrad;
+extern const char* const kUpdateRunningStats;
+}  // namespace schemas
 
 // dtype used for statistics of an input of dtype `t`.
 at::ScalarType stats_dtype(at::ScalarType t);
@@ -31,7 +43,7 @@ at::MemoryFormat suggested_format(const at::Tensor& t);
 // (mean, biased var, unbiased var), the last for the running-statistics update.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_stats_generic(const at::Tensor& input);
 
-// The running-statistics update (ops.cpp: update_running_stats_) as ATen calls.
+// The running-statistics update (update_running_stats_, generic/running_stats.cpp) as ATen calls.
 void update_running_stats_generic_(
     at::Tensor& running_mean, at::Tensor& running_var, const at::Tensor& mean,
     const at::Tensor& unbiased_var, double momentum);

@@ -4,6 +4,7 @@
 #include "generic/act_linear.cpp"
 #include "generic/act_linear_scale.cpp"
 #include "generic/avg_pool2d.cpp"
+#include "generic/batch_norm_act.cpp"
 #include "generic/bn_act.cpp"
 #include "generic/bn_act_conv.cpp"
 #include "generic/conv2d.cpp"
@@ -14,3 +15,4 @@
 #include "generic/layer_norm_linear.cpp"
 #include "generic/linear_act.cpp"
 #include "generic/max_pool2d.cpp"
+#include "generic/running_stats.cpp"

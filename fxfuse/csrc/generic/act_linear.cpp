@@ -51,6 +51,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(
   return {grad_input, grad_weight, grad_bias};
 }
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // F.linear(act(input), weight, bias) that keeps only input, weight and bias for backward.
+  m.def(
+      "act_linear(Tensor input, Tensor weight, Tensor? bias, str act, float act_param) "
+      "-> Tensor");
+  m.def(
+      "act_linear_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "str act, float act_param, bool[3] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("act_linear", &act_linear);
   m.impl("act_linear_backward", &act_linear_backward);

@@ -96,6 +96,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> act_linear_scale_back
   return {grad_input, grad_weight, grad_bias, grad_scale};
 }
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // F.linear(act(input), weight, bias) * scale (one scale per output feature) that keeps only
+  // input and the parameters for backward.
+  m.def(
+      "act_linear_scale(Tensor input, Tensor weight, Tensor? bias, Tensor scale, str act, "
+      "float act_param) -> Tensor");
+  m.def(
+      "act_linear_scale_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "Tensor scale, str act, float act_param, bool[4] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias, Tensor grad_scale)");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("act_linear_scale", &act_linear_scale);
   m.impl("act_linear_scale_backward", &act_linear_scale_backward);

@@ -14,6 +14,14 @@ at::Tensor avg_pool2d_generic(
   return at::avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override);
 }
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // F.avg_pool2d, whose backward needs only its input's shape, dtype and strides: its autograd
+  // (ops/avg_pool2d.py) keeps none of the input, where eager's keeps all of it.
+  m.def(
+      "avg_pool2d(Tensor input, int[2] kernel_size, int[2] stride, int[2] padding, "
+      "bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("avg_pool2d", &avg_pool2d_generic);
 }

@@ -21,12 +21,9 @@
 #include <ATen/ops/batch_norm_update_stats.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/mul.h>
 #include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/native_batch_norm_backward.h>
 #include <ATen/ops/ones_like.h>
-#include <ATen/ops/rsub.h>
-#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/sub.h>
 #include <ATen/ops/var_mean.h>
 #include <ATen/ops/zeros.h>
@@ -34,7 +31,6 @@
 #include <torch/library.h>
 
 #include <tuple>
-#include <utility>
 
 #include "../activation_ops.h"
 #include "../bn_act.h"
@@ -303,22 +299,6 @@ std::tuple<at::Tensor, at::Tensor> bn_act_backward_into_grad_generic_(
   return {grad_weight, grad_bias};
 }
 
-namespace {
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
-    const std::optional<at::Tensor>& running_var, bool batch_stats, double eps,
-    c10::string_view act, double act_param) {
-  checks::bn_input(input, "batch_norm_act");
-  auto [mean, var, unbiased_var] =
-      normalization_stats(input, running_mean, running_var, batch_stats, "batch_norm_act");
-  at::Tensor out = dispatch::bn_act(input, mean, var, weight, bias, eps, act, act_param);
-  return {out, mean, var, unbiased_var};
-}
-
-}  // namespace
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> normalization_stats(
     const at::Tensor& input, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool batch_stats, const char* op) {
@@ -332,36 +312,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> normalization_stats(
   return {running_mean->to(sd, /*non_blocking=*/false, /*copy=*/true), var, var.clone()};
 }
 
-// The ATen calls of fxfuse/ops/batch_norm_act.py's update_running_stats, which says how they
-// round as eager's CPU batch_norm rounds its update: one dispatch from Python instead of
-// fifteen (33 against 22 us a call, 120 calls a DenseNet-121 train step).
-void update_running_stats_generic_(
-    at::Tensor& running_mean, at::Tensor& running_var, const at::Tensor& mean,
-    const at::Tensor& unbiased_var, double momentum) {
-  if (running_mean.scalar_type() == at::kHalf) {
-    for (auto [running, batch] : {std::pair{&running_mean, &mean}, std::pair{&running_var, &unbiased_var}}) {
-      running->copy_(at::add(
-          at::mul(batch->to(at::kDouble), momentum), at::mul(running->to(at::kDouble), 1 - momentum)));
-    }
-    return;
-  }
-  const at::Tensor m =
-      at::scalar_tensor(momentum, at::TensorOptions().dtype(running_mean.scalar_type()));
-  running_mean.copy_(at::add(at::mul(m, mean), at::mul(at::rsub(m, 1), running_mean)));
-  const at::Tensor var_term = at::mul(m.to(at::kDouble), unbiased_var.to(at::kDouble));
-  const at::Tensor kept = at::mul(at::rsub(m.to(running_var.scalar_type()), 1), running_var);
-  running_var.copy_(at::add(var_term, kept.to(at::kDouble)));
+namespace schemas {
+const char* const kBnStats =
+    "bn_stats(Tensor input) -> (Tensor mean, Tensor var, Tensor unbiased_var)";
+const char* const kBnAct =
+    "bn_act(Tensor input, Tensor mean, Tensor var, Tensor? weight, Tensor? bias, "
+    "float eps, str act, float act_param) -> Tensor";
+const char* const kBnActBackward =
+    "bn_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor var, "
+    "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
+    "bool batch_stats, bool[3] output_mask) -> (Tensor, Tensor, Tensor)";
+const char* const kBnActInplace =
+    "bn_act_(Tensor(a!) self, Tensor mean, Tensor var, Tensor? weight, Tensor? bias, "
+    "float eps, str act, float act_param) -> ()";
+const char* const kBnActBackwardInplace =
+    "bn_act_backward_(Tensor grad_out, Tensor(a!) input, Tensor mean, Tensor var, "
+    "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
+    "bool batch_stats, bool[2] output_mask) -> (Tensor grad_weight, Tensor grad_bias)";
+const char* const kBnActBackwardIntoGrad =
+    "bn_act_backward_into_grad_(Tensor(a!) grad_out, Tensor input, Tensor mean, Tensor var, "
+    "Tensor? weight, Tensor? bias, float eps, str act, float act_param, "
+    "bool batch_stats, bool[2] output_mask) -> (Tensor grad_weight, Tensor grad_bias)";
+}  // namespace schemas
+
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // Per-channel batch statistics of a 4-D tensor: mean, biased var (which the BN applies)
+  // and unbiased var (for the running statistics). On CPU, eager batch_norm's bits.
+  m.def(schemas::kBnStats);
+  // act(batch_norm_apply(input)) with the given statistics.
+  m.def(schemas::kBnAct);
+  m.def(schemas::kBnActBackward);
+  // In-place forms for composites that own the tensor: bn_act_ overwrites self with
+  // bn_act(self, ...); bn_act_backward_ overwrites input with grad_input and returns
+  // the parameter gradients (output_mask: weight, bias); bn_act_backward_into_grad_
+  // overwrites grad_out with grad_input instead. Same numerics as above.
+  m.def(schemas::kBnActInplace);
+  m.def(schemas::kBnActBackwardInplace);
+  m.def(schemas::kBnActBackwardIntoGrad);
 }
 
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
-  m.impl("update_running_stats_", &update_running_stats_generic_);
   m.impl("bn_stats", &bn_stats_generic);
   m.impl("bn_act", &bn_act_generic);
   m.impl("bn_act_backward", &bn_act_backward_generic);
   m.impl("bn_act_", &bn_act_generic_);
   m.impl("bn_act_backward_", &bn_act_backward_generic_);
   m.impl("bn_act_backward_into_grad_", &bn_act_backward_into_grad_generic_);
-  m.impl("batch_norm_act", &batch_norm_act);
 }
 
 }  // namespace fxfuse

@@ -111,6 +111,29 @@ bn_act_conv_backward(
 
 }  // namespace
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // BatchNorm2d -> activation -> Conv2d (-> BatchNorm2d -> activation with `epilogue`) that
+  // keeps only the first BN's input: backward rebuilds the conv input (and, with the
+  // epilogue, the conv output). in_*: the first BN's statistics; mean/var/unbiased_var: the
+  // second's (empty without the epilogue).
+  m.def(
+      "bn_act_conv(Tensor input, Tensor? in_weight, Tensor? in_bias, Tensor? in_running_mean, "
+      "Tensor? in_running_var, bool in_batch_stats, float in_eps, str in_act, float in_act_param, "
+      "Tensor weight, Tensor? bias, int[2] stride, int[2] padding, int[2] dilation, int groups, "
+      "bool epilogue, Tensor? bn_weight, Tensor? bn_bias, Tensor? running_mean, "
+      "Tensor? running_var, bool batch_stats, float eps, str act, float act_param) "
+      "-> (Tensor out, Tensor in_mean, Tensor in_var, Tensor in_unbiased_var, Tensor mean, "
+      "Tensor var, Tensor unbiased_var)");
+  m.def(
+      "bn_act_conv_backward(Tensor grad_out, Tensor input, Tensor? in_weight, Tensor? in_bias, "
+      "Tensor in_mean, Tensor in_var, bool in_batch_stats, float in_eps, str in_act, "
+      "float in_act_param, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups, bool epilogue, Tensor? bn_weight, Tensor? bn_bias, "
+      "Tensor mean, Tensor var, bool batch_stats, float eps, str act, float act_param, "
+      "bool[7] output_mask) -> (Tensor grad_input, Tensor grad_in_weight, Tensor grad_in_bias, "
+      "Tensor grad_weight, Tensor grad_bias, Tensor grad_bn_weight, Tensor grad_bn_bias)");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("bn_act_conv", &bn_act_conv);
   m.impl("bn_act_conv_backward", &bn_act_conv_backward);

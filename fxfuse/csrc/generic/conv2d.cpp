@@ -35,6 +35,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_generic(
       {output_mask[0], output_mask[1], output_mask[2] && has_bias});
 }
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // F.conv2d(input, weight, bias, stride, padding, dilation, groups), whose backward is
+  // conv2d_backward: the gradients as aten::convolution_backward gives them, the backward of
+  // every fxfuse op holding a conv. On CPU a large-kernel depthwise conv's weight and bias
+  // gradients come from fxfuse's own kernel.
+  m.def(
+      "conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups) -> Tensor");
+  m.def(
+      "conv2d_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "int[2] stride, int[2] padding, int[2] dilation, int groups, bool[3] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("conv2d", &conv2d_generic);
   m.impl("conv2d_backward", &conv2d_backward_generic);

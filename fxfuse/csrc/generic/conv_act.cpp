@@ -56,6 +56,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_act_backward(
       grad_y, input, weight, bias, stride, padding, dilation, groups, output_mask);
 }
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // act(F.conv2d(input, weight, bias, ...)) that keeps only input, weight and bias.
+  m.def(
+      "conv_act(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups, str act, float act_param) -> Tensor");
+  m.def(
+      "conv_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "int[2] stride, int[2] padding, int[2] dilation, int groups, str act, float act_param, "
+      "bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("conv_act", &conv_act);
   m.impl("conv_act_backward", &conv_act_backward);

@@ -58,6 +58,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_a
 
 }  // namespace
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // Conv2d -> BatchNorm2d (-> activation) that keeps only the conv input.
+  m.def(
+      "conv_bn_act(Tensor input, Tensor weight, Tensor? bias, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, "
+      "Tensor? running_mean, Tensor? running_var, bool batch_stats, float eps, str act, "
+      "float act_param) -> (Tensor out, Tensor mean, Tensor var, Tensor unbiased_var)");
+  m.def(
+      "conv_bn_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "int[2] stride, int[2] padding, int[2] dilation, int groups, Tensor? bn_weight, "
+      "Tensor? bn_bias, Tensor mean, Tensor var, bool batch_stats, float eps, str act, "
+      "float act_param, bool[5] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias, "
+      "Tensor grad_bn_weight, Tensor grad_bn_bias)");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("conv_bn_act", &conv_bn_act);
   m.impl("conv_bn_act_backward", &conv_bn_act_backward);

@@ -74,6 +74,22 @@ conv_layer_norm_linear_backward(
 
 }  // namespace
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // F.linear(F.layer_norm(F.conv2d(input, ...).permute(0, 2, 3, 1), ...), weight, bias) that
+  // keeps only the conv's input and the parameters (the conv runs again in backward).
+  m.def(
+      "conv_layer_norm_linear(Tensor input, Tensor conv_weight, Tensor? conv_bias, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups, int[] normalized_shape, Tensor? ln_weight, "
+      "Tensor? ln_bias, float eps, Tensor weight, Tensor? bias) -> Tensor");
+  m.def(
+      "conv_layer_norm_linear_backward(Tensor grad_out, Tensor input, Tensor conv_weight, "
+      "Tensor? conv_bias, int[2] stride, int[2] padding, int[2] dilation, int groups, "
+      "int[] normalized_shape, Tensor? ln_weight, Tensor? ln_bias, float eps, Tensor weight, "
+      "Tensor? bias, bool[7] output_mask) -> (Tensor grad_input, Tensor grad_conv_weight, "
+      "Tensor grad_conv_bias, Tensor grad_ln_weight, Tensor grad_ln_bias, Tensor grad_weight, "
+      "Tensor grad_bias)");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("conv_layer_norm_linear", &conv_layer_norm_linear);
   m.impl("conv_layer_norm_linear_backward", &conv_layer_norm_linear_backward);

@@ -27,6 +27,18 @@ at::Tensor gelu_backward_generic(
   return at::gelu_backward(grad_output, self, approximate);
 }
 
+namespace schemas {
+const char* const kGelu = "gelu(Tensor self, *, str approximate='none') -> Tensor";
+const char* const kGeluBackward =
+    "gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor";
+}  // namespace schemas
+
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // F.gelu and aten::gelu_backward (approximate: "none" or "tanh").
+  m.def(schemas::kGelu);
+  m.def(schemas::kGeluBackward);
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("gelu", &gelu_generic);
   m.impl("gelu_backward", &gelu_backward_generic);

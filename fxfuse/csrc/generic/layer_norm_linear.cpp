@@ -93,6 +93,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
   return {grad_input, grad_ln_weight, grad_ln_bias, grad_weight, grad_bias};
 }
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // F.linear(F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias)
+  // that keeps only input and the parameters for backward.
+  m.def(
+      "layer_norm_linear(Tensor input, int[] normalized_shape, Tensor? ln_weight, "
+      "Tensor? ln_bias, float eps, Tensor weight, Tensor? bias) -> Tensor");
+  m.def(
+      "layer_norm_linear_backward(Tensor grad_out, Tensor input, int[] normalized_shape, "
+      "Tensor? ln_weight, Tensor? ln_bias, float eps, Tensor weight, Tensor? bias, "
+      "bool[5] output_mask) -> (Tensor grad_input, Tensor grad_ln_weight, Tensor grad_ln_bias, "
+      "Tensor grad_weight, Tensor grad_bias)");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("layer_norm_linear", &layer_norm_linear);
   m.impl("layer_norm_linear_backward", &layer_norm_linear_backward);

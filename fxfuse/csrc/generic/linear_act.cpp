@@ -48,6 +48,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_act_backward(
   return {grad_input, grad_weight, grad_bias};
 }
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // act(F.linear(input, weight, bias)) that keeps only input, weight and bias for backward.
+  m.def(
+      "linear_act(Tensor input, Tensor weight, Tensor? bias, str act, float act_param) "
+      "-> Tensor");
+  m.def(
+      "linear_act_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? bias, "
+      "str act, float act_param, bool[3] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("linear_act", &linear_act);
   m.impl("linear_act_backward", &linear_act_backward);

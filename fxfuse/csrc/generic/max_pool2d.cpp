@@ -158,6 +158,19 @@ at::Tensor max_pool2d_indices_generic(
   return row.mul_(w.d[0] * width).add_(off).add_(first);
 }
 
+TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
+  // F.max_pool2d, returning besides its output where each maximum lies in its window (one byte
+  // per output element): its autograd (ops/max_pool2d.py) keeps only those, where eager's keeps
+  // the input and int64 indices.
+  m.def(
+      "max_pool2d(Tensor input, int[2] kernel_size, int[2] stride, int[2] padding, "
+      "int[2] dilation, bool ceil_mode) -> (Tensor output, Tensor window_offsets)");
+  // ATen's flat indices (row * input_width + column) of max_pool2d's maxima, from its window_offsets.
+  m.def(
+      "max_pool2d_indices(Tensor window_offsets, int input_width, int[2] kernel_size, int[2] stride, "
+      "int[2] padding, int[2] dilation) -> Tensor");
+}
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("max_pool2d", &max_pool2d_generic);
   m.impl("max_pool2d_indices", &max_pool2d_indices_generic);
