@@ -8,22 +8,28 @@ DEMO_DEPS := $(VENV)/.demo-deps-installed
 DEPS   := $(VENV)/.deps-installed
 BUILT  := $(VENV)/.fxfuse-built
 CSRC   := $(shell find fxfuse/csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu')
+# make test runs pytest-xdist with one worker per core (PYTEST_ARGS="-n 0" runs it in one process).
+PYTEST_XDIST ?= -n 2 --dist loadscope
 PYTEST_ARGS ?=
+# make test prepares in parallel what does not depend on each other (the test dependencies' pip, the C++
+# build, cuda-check's nvcc, lint): SETUP_JOBS=1 to run one at a time.
+SETUP_JOBS ?= 2
 
-.PHONY: all setup build test zoo zoo-coverage lint demo bench bench-compile install-check cuda-check cuda-build gpu-check clean
+.PHONY: all setup build test test-ready zoo zoo-coverage lint demo bench bench-compile install-check cuda-check cuda-build gpu-check clean
 
 all: test
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 $(DEMO_DEPS): requirements-demo.txt | $(PY)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-demo.txt
+	$(PIP) --upgrade pip
+	$(PIP) -r requirements-demo.txt
 	touch $@
 
 $(DEPS): requirements-dev.txt $(DEMO_DEPS)
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PIP) -r requirements-dev.txt
 	touch $@
 
 # FXFUSE_CUDA=0: the development build is CPU-only, so that make demo and make test stay fast on 2 cores
@@ -31,15 +37,18 @@ $(DEPS): requirements-dev.txt $(DEMO_DEPS)
 # torch + nvcc: on). ninja compiles the units in parallel (MAX_JOBS=N to change how many at once).
 FXFUSE_CUDA ?= 0
 $(BUILT): $(DEMO_DEPS) $(CSRC) setup.py pyproject.toml fxfuse/_cuda_build.py
-	FXFUSE_CUDA=$(FXFUSE_CUDA) $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	FXFUSE_CUDA=$(FXFUSE_CUDA) $(PIP) --no-build-isolation --no-deps -e .
 	touch $@
 
 setup: $(DEPS)
 
 build: $(BUILT)
 
-test: $(BUILT) $(DEPS) cuda-check lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+test:
+	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target test-ready
+	$(PY) -m pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
+
+test-ready: $(BUILT) $(DEPS) cuda-check lint
 
 # Every file with tests marked `zoo`, whole: the model zoos (tests/support/timm_zoo.py, dense_zoo.py,
 # wild_zoo.py), every accuracy draw (tests/test_accuracy.py), the budget sweeps, the op tests rerun under
@@ -81,7 +90,7 @@ install-check:
 # cannot rot: nvcc -c with torch's CUDAExtension flags for one architecture, into
 # build/cuda-check (needs nvcc, no GPU; never touches fxfuse/_C*.so; skips what is up to date).
 CUDA_CHECK_ARCH ?= 9.0
-cuda-check: $(DEPS)
+cuda-check: $(DEMO_DEPS)
 	CUDA_CHECK_ARCH="$(CUDA_CHECK_ARCH)" $(PY) tools/compile_cuda.py
 
 # The full FXFUSE_CUDA=1 extension (C++ and CUDA) into build/cuda-build*, then a check in a

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from torch.utils import cpp_extension
 
@@ -53,6 +54,8 @@ def main() -> int:
     sources = sorted(glob.glob(os.path.join("fxfuse", "csrc", "cuda", "*.cu")))
     if not sources:
         sys.exit("cuda-check: no fxfuse/csrc/cuda/*.cu sources")
+
+    stale = []
     for src in sources:
         obj = os.path.join(out_dir, os.path.basename(src) + ".o")
         deps = [
@@ -62,14 +65,30 @@ def main() -> int:
         ]
         if os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(d) for d in deps):
             print(f"cuda-check: {src} up to date")
-            continue
+        else:
+            stale.append((src, obj))
+
+    def compile_one(job):
+        src, obj = job
         start = time.time()
         cmd = [nvcc_path(), "-c", src, "-o", obj, *flags, *(f"-I{p}" for p in includes)]
-        if subprocess.run(cmd).returncode != 0:
-            print(f"cuda-check: nvcc failed on {src}", file=sys.stderr)
-            return 1
-        print(f"cuda-check: compiled {src} for sm_{arch} ({time.time() - start:.0f} s)")
-    return 0
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        return src, run, time.time() - start
+
+    # One nvcc per core at once (CUDA_CHECK_JOBS to change): each is a single-threaded host compile
+    # of torch's headers.
+    jobs = int(os.environ.get("CUDA_CHECK_JOBS") or os.cpu_count() or 1)
+    failed = False
+    with ThreadPoolExecutor(max(1, min(jobs, len(stale) or 1))) as pool:
+        for src, run, seconds in pool.map(compile_one, stale):
+            sys.stdout.write(run.stdout)
+            sys.stderr.write(run.stderr)
+            if run.returncode != 0:
+                print(f"cuda-check: nvcc failed on {src}", file=sys.stderr)
+                failed = True
+            else:
+                print(f"cuda-check: compiled {src} for sm_{arch} ({seconds:.0f} s)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
