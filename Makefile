@@ -22,7 +22,10 @@ all: test
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# What make prints stays within 100 columns: pip's version check off through its environment, and the
+# editable build's warning about a package folder in the working directory (the checkout is that folder).
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+PIP := $(PY) -m pip install --quiet
 $(DEMO_DEPS): requirements-demo.txt | $(PY)
 	$(PIP) --upgrade pip
 	$(PIP) -r requirements-demo.txt
@@ -37,7 +40,8 @@ $(DEPS): requirements-dev.txt $(DEMO_DEPS)
 # torch + nvcc: on). ninja compiles the units in parallel (MAX_JOBS=N to change how many at once).
 FXFUSE_CUDA ?= 0
 $(BUILT): $(DEMO_DEPS) $(CSRC) setup.py pyproject.toml fxfuse/_cuda_build.py
-	FXFUSE_CUDA=$(FXFUSE_CUDA) $(PIP) --no-build-isolation --no-deps -e .
+	@echo "pip install -e . (FXFUSE_CUDA=$(FXFUSE_CUDA), no build isolation: compiles fxfuse._C)"
+	@FXFUSE_CUDA=$(FXFUSE_CUDA) PYTHONWARNINGS=ignore $(PIP) --no-build-isolation --no-deps -e .
 	touch $@
 
 setup: $(DEPS)
