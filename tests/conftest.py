@@ -5,6 +5,24 @@ import torch
 from support.threads import intra_op_threads
 
 
+def _inductor_cache_per_capability() -> None:
+    """One inductor cache directory per ATen CPU capability. Inductor's cache does not key its C++
+    kernels on ATEN_CPU_CAPABILITY: a kernel compiled in a run under `ATEN_CPU_CAPABILITY=avx2` and
+    loaded in one under AVX-512 (or the other way round) computed wrong values or crashed
+    (tests/test_bench.py's compile tests, 2026-11-28), and test_cpu_capabilities runs the op tests
+    under other capabilities in child processes. Children inherit the base and pick their own."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    base = os.environ.setdefault(
+        "FXFUSE_INDUCTOR_CACHE_BASE", os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    )
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"aten-{capability}")
+
+
+_inductor_cache_per_capability()
+
+
 def pytest_configure(config):
     """Under pytest-xdist (`make test` runs `-n 2`) each worker runs one intra-op thread: the workers
     already share the cores, and more threads per worker only wait on each other's OpenMP barriers.
