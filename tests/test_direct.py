@@ -25,32 +25,11 @@ def _args():
     conv_w, lin_x, lin_w, lin_b = t(8, 8, 3, 3), t(2, 4, 16), t(16, 16), t(16)
     rm, rv = torch.zeros(8, dtype=torch.float64), torch.ones(8, dtype=torch.float64)
     geometry = ((1, 1), (1, 1), (1, 1), 1)
+    bn = (w8, b8, rm, rv, True, 1e-5)  # weight, bias, running_mean, running_var, batch_stats, eps
     return {
-        "batch_norm_act": (x, w8, b8, rm, rv, True, 1e-5, "relu", 0.0),
-        "conv_bn_act": (x, conv_w, None, *geometry, w8, b8, rm, rv, True, 1e-5, "relu6", 0.0),
-        "bn_act_conv": (
-            x,
-            w8,
-            b8,
-            rm,
-            rv,
-            True,
-            1e-5,
-            "relu",
-            0.0,
-            conv_w,
-            b8,
-            *geometry,
-            True,
-            w8,
-            b8,
-            rm,
-            rv,
-            True,
-            1e-5,
-            "leaky_relu",
-            0.1,
-        ),  # fmt: skip
+        "batch_norm_act": (x, *bn, "relu", 0.0),
+        "conv_bn_act": (x, conv_w, None, *geometry, *bn, "relu6", 0.0),
+        "bn_act_conv": (x, *bn, "relu", 0.0, conv_w, b8, *geometry, True, *bn, "leaky_relu", 0.1),
         "conv_act": (x, conv_w, b8, *geometry, "gelu", 0.0),
         "linear_act": (lin_x, lin_w, lin_b, "gelu_tanh", 0.0),
         "act_linear": (lin_x, lin_w, lin_b, "gelu", 0.0),

@@ -48,3 +48,14 @@ def test_batch_norm_tensors_plain_and_parametrized():
     weight, bias, mean, var = bn_tensors(bn)
     assert torch.equal(weight, 2 * bn.parametrizations.weight.original)
     assert (bias, mean, var) == (bn.bias, bn.running_mean, bn.running_var)
+
+
+def test_a_batch_norm_weight_set_as_an_attribute_is_what_forward_reads():
+    bn = nn.BatchNorm2d(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.nn.utils.weight_norm(bn, dim=0)  # moves `weight` out of _parameters, sets it before each forward
+    bn(torch.randn(2, 4, 3, 3))
+    weight, bias, mean, var = bn_tensors(bn)
+    assert weight is bn.__dict__["weight"]
+    assert (bias, mean, var) == (bn.bias, bn.running_mean, bn.running_var)

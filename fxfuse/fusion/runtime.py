@@ -38,7 +38,8 @@ def bn_call_config(
     factor = 0.0 if momentum is None else momentum
     training = bn.training
     if training and bn.track_running_stats:
-        count = bn._buffers.get("num_batches_tracked") if _plain_state(type(bn)) else bn.num_batches_tracked
+        plain = _plain_class(type(bn), _BN_STATE)
+        count = bn._buffers.get("num_batches_tracked") if plain else bn.num_batches_tracked
         if count is not None:
             count.add_(1)
             if momentum is None:
@@ -50,36 +51,37 @@ def bn_call_config(
 
 
 _BN_STATE = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+_LAYER_STATE = ("weight", "bias")
 
 
 @functools.cache
-def _plain_state(cls: type) -> bool:
-    """Whether a BatchNorm class has no class attribute or property named as its parameters and
-    buffers, so that reading them from `_parameters` / `_buffers` is what `getattr` reads (at a
-    fraction of nn.Module.__getattr__'s cost: every fused BN call reads four)."""
-    return not any(hasattr(cls, name) for name in _BN_STATE)
+def _plain_class(cls: type, names: tuple[str, ...]) -> bool:
+    """Whether a module class has no class attribute or property named as any of `names` (a
+    parametrization's class has one), so that reading them from `_parameters` / `_buffers` is what
+    `getattr` reads, at a fraction of nn.Module.__getattr__'s cost: every fused call reads several."""
+    return not any(hasattr(cls, name) for name in names)
 
 
 def bn_tensors(bn: nn.BatchNorm2d) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-    """(weight, bias, running_mean, running_var) of `bn`, as its forward reads them."""
-    if _plain_state(type(bn)):
-        params, buffers = bn._parameters, bn._buffers
-        return params.get("weight"), params.get("bias"), buffers.get("running_mean"), buffers.get("running_var")
+    """(weight, bias, running_mean, running_var) of `bn`, as its forward reads them: from its tables where
+    they are there and nothing else answers to those names."""
+    params, buffers = bn._parameters, bn._buffers
+    if (
+        "weight" in params
+        and "bias" in params
+        and "running_mean" in buffers
+        and "running_var" in buffers
+        and _plain_class(type(bn), _BN_STATE)
+    ):
+        return params["weight"], params["bias"], buffers["running_mean"], buffers["running_var"]
     return bn.weight, bn.bias, bn.running_mean, bn.running_var
 
 
-@functools.cache
-def _plain_layer(cls: type) -> bool:
-    """Whether a conv or linear class has no class attribute or property named `weight` or `bias`
-    (a parametrization's class has): `_parameters` then holds what `getattr` reads."""
-    return not (hasattr(cls, "weight") or hasattr(cls, "bias"))
-
-
 def layer_tensors(layer: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
-    """(weight, bias) of a conv or linear module, as its forward reads them: from `_parameters` where
-    they are there and nothing else answers to those names, at a fraction of nn.Module.__getattr__'s cost."""
+    """(weight, bias) of a conv, linear or layer norm module, as its forward reads them: from
+    `_parameters` where they are there and nothing else answers to those names."""
     params = layer._parameters
-    if "weight" in params and "bias" in params and _plain_layer(type(layer)):
+    if "weight" in params and "bias" in params and _plain_class(type(layer), _LAYER_STATE):
         return params["weight"], params["bias"]
     return layer.weight, layer.bias
 
