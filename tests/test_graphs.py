@@ -26,6 +26,28 @@ def test_a_compiled_graph_reads_the_live_module():
     torch.testing.assert_close(fn(model, x), model(x))
 
 
+def test_a_graph_bound_to_its_owner_calls_its_submodules_without_looking_them_up():
+    model = nn.Sequential(_Net(), nn.Sequential(nn.Linear(3, 3)))
+    fn = graphs.compile_graph(fx.symbolic_trace(model).graph, owner=model)
+    x = torch.randn(2, 3)
+    looked_up = []
+    original = nn.Module.__getattr__
+
+    def spy(self, name):
+        looked_up.append(name)
+        return original(self, name)
+
+    nn.Module.__getattr__ = spy
+    try:
+        out = fn(model, x)
+    finally:
+        nn.Module.__getattr__ = original
+    torch.testing.assert_close(out, model(x))
+    assert set(looked_up) <= {"weight", "bias"}  # the layers' own reads of their parameters
+    model[1][0].weight = nn.Parameter(torch.zeros(3, 3))  # parameters stay live
+    torch.testing.assert_close(fn(model, x), model(x))
+
+
 def test_a_subgraph_computes_its_nodes_from_its_inputs():
     graph = fx.symbolic_trace(_Net()).graph
     lin, relu, add = [n for n in graph.nodes if n.op not in ("placeholder", "output")]

@@ -132,6 +132,34 @@ def test_a_submodule_deleted_after_optimize():
     _same_after(edit, Folded().double(), torch.randn(2, 3, 8, 8, dtype=torch.float64))
 
 
+def test_a_layer_swapped_for_its_twin_after_optimize_is_the_one_that_runs():
+    # Same type, same place in the tree: only the module object differs (the graphs call the modules they were
+    # built with, so the tree check must see it).
+    def edit(m):
+        twin = nn.BatchNorm2d(8).double()
+        with torch.no_grad():
+            twin.weight.uniform_(0.5, 1.5)
+        m[1] = twin
+
+    _same_after(edit, _conv_bn_relu_net(), torch.randn(2, 3, 8, 8, dtype=torch.float64))
+
+
+def test_children_renamed_in_place_after_optimize_are_read_again():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.a(x))) + self.b(x)
+
+    def edit(m):  # the same objects, in the same order, under each other's names
+        m._modules = type(m._modules)(b=m._modules["a"], a=m._modules["b"], bn=m._modules["bn"])
+
+    _same_after(edit, Two().double(), torch.randn(2, 3, 8, 8, dtype=torch.float64))
+
+
 def test_a_config_flag_changed_after_optimize_is_read_again():
     model = ConfigFlagNet().double()
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
