@@ -1,5 +1,6 @@
 """fxfuse.fusion.runtime's reads of a module's tensors: what the module's own forward reads, by the
-fast path (its parameter and buffer tables) where that is the same and by getattr where it is not."""
+fast path (its parameter and buffer tables) where that is the same and by getattr where it is not;
+and the thin path of its fused calls: taken where it applies, exact where it does not."""
 
 import warnings
 
@@ -8,7 +9,11 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from fxfuse import _extension
+from fxfuse.fusion import runtime
 from fxfuse.fusion.runtime import bn_tensors, layer_tensors
+
+needs_ext = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 
 
 class _Double(nn.Module):
@@ -59,3 +64,89 @@ def test_a_batch_norm_weight_set_as_an_attribute_is_what_forward_reads():
     weight, bias, mean, var = bn_tensors(bn)
     assert weight is bn.__dict__["weight"]
     assert (bias, mean, var) == (bn.bias, bn.running_mean, bn.running_var)
+
+
+
+def _modules():
+    torch.manual_seed(0)
+    return nn.ModuleList([nn.Conv2d(4, 6, 3, padding=1), nn.BatchNorm2d(6), nn.Conv2d(6, 6, 1), nn.BatchNorm2d(6)])
+
+
+# Each site: eager's layers and the runtime's fused call, over the modules of `_modules()`.
+SITES = {
+    "conv_bn_act": (
+        lambda m, t: torch.relu(m[1](m[0](t))),
+        lambda m, t: runtime.conv_bn_act_module(t, m[0], m[1], "relu", 0.0),
+    ),
+    "bn_act_conv": (
+        lambda m, t: m[2](torch.relu(m[1](t))),
+        lambda m, t: runtime.bn_act_conv_module(t, m[1], "relu", 0.0, m[2]),
+    ),
+    "bn_act_conv, epilogue": (
+        lambda m, t: torch.relu(m[3](m[2](torch.relu(m[1](t))))),
+        lambda m, t: runtime.bn_act_conv_module(t, m[1], "relu", 0.0, m[2], m[3], "relu", 0.0),
+    ),
+}
+
+
+def _same_as_eager(name, x, edit=None):
+    eager, fused = SITES[name]
+    ours, theirs = _modules().double(), _modules().double()
+    for step, train in enumerate((True, True, False)):
+        if edit is not None and step == 1:
+            edit(ours), edit(theirs)
+        ours.train(train), theirs.train(train)
+        xo, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_o, out_e = fused(ours, xo), eager(theirs, xe)
+        torch.testing.assert_close(out_o, out_e, rtol=1e-12, atol=1e-12)
+        out_o.square().sum().backward()
+        out_e.square().sum().backward()
+        torch.testing.assert_close(xo.grad, xe.grad, rtol=1e-12, atol=1e-12)
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)
+        for a, b in zip(ours.buffers(), theirs.buffers()):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _input(name):
+    return torch.randn(3, 4 if name == "conv_bn_act" else 6, 5, 5, dtype=torch.float64)
+
+
+@needs_ext
+@pytest.mark.parametrize("name", list(SITES))
+def test_a_plain_call_takes_the_thin_path_and_computes_what_eager_does(name, monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the full checks ran")
+
+    for check in ("kernels_apply", "layer_kernels_apply", "layer_params_apply", "conv_geometry"):
+        monkeypatch.setattr(runtime, check, refuse)
+    _same_as_eager(name, _input(name))
+
+
+@needs_ext
+@pytest.mark.parametrize("name", list(SITES))
+def test_a_conv_changed_between_calls_is_read_again(name):
+    def edit(m):
+        for conv in (m[0], m[2]):
+            conv.padding, conv.stride = (2, 2), (2, 1)
+
+    _same_as_eager(name, _input(name), edit)
+
+
+@needs_ext
+@pytest.mark.parametrize("name", list(SITES))
+def test_a_call_the_thin_path_declines_takes_the_full_checks(name):
+    # Module.float() converts parameters through `param.data`: the same objects, another dtype. A float32
+    # BN on float64 activations, at the first call or after calls the thin path took: eager raises.
+    eager, fused = SITES[name]
+    ours, theirs = _modules().double(), _modules().double()
+    x = _input(name)
+    for first in (True, False):
+        if not first:
+            ours, theirs = _modules().double(), _modules().double()
+            fused(ours, x), eager(theirs, x)
+        ours[1].float(), theirs[1].float()
+        with pytest.raises(RuntimeError) as theirs_error:
+            eager(theirs, x)
+        with pytest.raises(type(theirs_error.value)):
+            fused(ours, x)

@@ -21,7 +21,16 @@ from torch import Tensor, nn
 from .. import ops
 from ..ops.batch_norm_act import batch_norm_act_admitted
 from ..ops.bn_act_conv import bn_act_conv_admitted
-from ..ops.checks import apply_activation, conv_geometry, kernels_apply, layer_kernels_apply, layer_params_apply
+from ..ops.checks import (
+    alike,
+    apply_activation,
+    conv_geometry,
+    conv_plan,
+    kernels_apply,
+    layer_kernels_apply,
+    layer_params_apply,
+    quiet_modes,
+)
 from ..ops.conv_bn_act import conv_bn_act_admitted
 from .known_modules import is_conv2d_same, is_norm_act, pad_same
 
@@ -111,7 +120,10 @@ def conv_bn_act_module(
     passes/cat_input.py)."""
     bn_params = bn_tensors(bn)
     conv_weight, conv_bias = layer_tensors(conv)
-    if not (
+    geometry = None
+    if pieces is None and quiet_modes():
+        geometry = _thin_conv_bn_act(x, conv, bn, conv_weight, conv_bias, bn_params)
+    if geometry is None and not (
         layer_kernels_apply(x, (conv_weight, conv_bias), bn_params)
         and x.shape[1] == conv.in_channels
         and bn.num_features == conv.out_channels
@@ -123,8 +135,30 @@ def conv_bn_act_module(
     running_mean, running_var, batch_stats, momentum = bn_call_config(bn, running_mean, running_var)
     return conv_bn_act_admitted(
         x, conv_weight, conv_bias, conv.stride, padding, conv.dilation, conv.groups, running_mean, running_var,
-        weight, bias, batch_stats, momentum, bn.eps, act, act_param, pieces if x is given else None,
+        weight, bias, batch_stats, momentum, bn.eps, act, act_param, pieces if x is given else None, geometry,
     )  # fmt: skip
+
+
+def _thin_conv_bn_act(x, conv, bn, conv_weight, conv_bias, bn_params) -> Optional[tuple]:
+    """The thin path of `conv_bn_act_module` (the caller checked `quiet_modes`): conv_geometry's answer for a
+    plain nn.Conv2d where every tensor has the input's dtype and device, the shapes match and the conv plan
+    admits the call; None sends the call through the full checks."""
+    if type(conv) is not nn.Conv2d or conv.padding_mode != "zeros":
+        return None
+    shape = x.shape
+    plan = conv_plan(shape, conv_weight.shape, conv.stride, conv.padding, conv.dilation, conv.groups)
+    if plan is None or not (x.is_floating_point() and x.layout is torch.strided):
+        return None
+    out_channels = conv_weight.shape[0]
+    dtype, device = x.dtype, x.device
+    if (
+        shape[1] == conv.in_channels
+        and bn.num_features == out_channels == conv.out_channels
+        and alike(dtype, device, None, (conv_weight,))
+        and alike(dtype, device, (out_channels,), (conv_bias, *bn_params))
+    ):
+        return (x, *plan)
+    return None
 
 
 def conv_bn_act_bn_module(
@@ -323,7 +357,10 @@ def bn_act_conv_module(
     out_params = bn_tensors(out_bn) if out_bn is not None else ()
     conv_weight, conv_bias = layer_tensors(conv)
     geometry = None
-    if (
+    if pieces is None and quiet_modes():
+        geometry = _thin_bn_act_conv(y, bn, conv, out_bn, in_params, conv_weight, conv_bias, out_params)
+    thin = geometry is not None
+    if not thin and (
         kernels_apply(y, in_params)
         and y.shape[1] == bn.num_features == conv.in_channels
         and layer_params_apply(y, (conv_weight, conv_bias), out_params)
@@ -342,7 +379,7 @@ def bn_act_conv_module(
         return bn_act_conv_admitted(
             y, running_mean, running_var, weight, bias, batch_stats, momentum, bn.eps, act, act_param,
             conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, False, None, None, None,
-            None, False, 0.1, 1e-5, "none", 0.0, pieces, geometry,
+            None, False, 0.1, 1e-5, "none", 0.0, pieces, geometry, thin,
         )  # fmt: skip
     out_weight, out_bias, out_mean, out_var = out_params
     out_mean, out_var, out_batch_stats, out_momentum = bn_call_config(out_bn, out_mean, out_var)
@@ -350,7 +387,29 @@ def bn_act_conv_module(
         y, running_mean, running_var, weight, bias, batch_stats, momentum, bn.eps, act, act_param,
         conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, True, out_mean, out_var,
         out_weight, out_bias, out_batch_stats, out_momentum, out_bn.eps, out_act, out_act_param, pieces, geometry,
+        thin,
     )  # fmt: skip
+
+
+def _thin_bn_act_conv(y, bn, conv, out_bn, in_params, conv_weight, conv_bias, out_params) -> Optional[tuple]:
+    """The thin path of `bn_act_conv_module` (the caller checked `quiet_modes`): conv_geometry's answer where
+    every tensor has the input's dtype and device, the shapes match and the conv plan (shapes and geometry,
+    remembered) admits the call; None sends the call through the full checks, which decide every case."""
+    shape = y.shape
+    plan = conv_plan(shape, conv_weight.shape, conv.stride, conv.padding, conv.dilation, conv.groups)
+    if plan is None or not (y.is_floating_point() and y.layout is torch.strided):
+        return None
+    channels, out_channels = shape[1], conv_weight.shape[0]
+    dtype, device = y.dtype, y.device
+    if (
+        bn.num_features == channels == conv.in_channels
+        and (out_bn is None or out_bn.num_features == out_channels == conv.out_channels)
+        and alike(dtype, device, (channels,), in_params)
+        and alike(dtype, device, None, (conv_weight,))
+        and alike(dtype, device, (out_channels,), (conv_bias, *out_params))
+    ):
+        return (y, *plan)
+    return None
 
 
 # fxfuse::gelu against F.gelu, forward + backward, CPU float32 (benchmarks/bench_gelu.py --only gelu),

@@ -113,13 +113,20 @@ def bn_act_conv(
 def bn_act_conv_admitted(
     input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps, in_act,
     in_act_param, weight, bias, stride, padding, dilation, groups, epilogue, running_mean, running_var, bn_weight,
-    bn_bias, training, momentum, eps, act, act_param, pieces=None, geometry=None,
+    bn_bias, training, momentum, eps, act, act_param, pieces=None, geometry=None, checked=False,
 ) -> Tensor:  # fmt: skip
     """`bn_act_conv` for a call its caller already checked as rewritten graphs' runtime does
     (fusion/runtime.py: `kernels_apply` for the first BN, `layer_kernels_apply` for the conv and the
     second BN, matching channels, a conv geometry) with checked activations: the checks left, then
     the op. `geometry`: the caller's `conv_geometry` of this call, if it has it. Under autocast the
-    conv's operands are cast as `bn_act_conv` casts them."""
+    conv's operands are cast as `bn_act_conv` casts them. `checked`: the caller also checked what is
+    left here (the runtime's thin path: no autocast, every shape), and gives `geometry`."""
+    if checked:
+        return _run(
+            geometry, input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps,
+            in_act, in_act_param, weight, bias, stride, padding, dilation, groups, epilogue, running_mean,
+            running_var, bn_weight, bn_bias, training, momentum, eps, act, act_param, pieces,
+        )  # fmt: skip
     device = input.device.type
     if device != "meta" and torch.is_autocast_enabled(device):
         return bn_act_conv(

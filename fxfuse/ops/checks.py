@@ -101,6 +101,41 @@ def conv_geometry(input: Tensor, weight: Tensor, stride, padding, dilation):
     return input, stride, padding, dilation, out_hw
 
 
+# conv_plan's answers, keyed by everything it reads: a site runs with the same shapes call after call.
+_CONV_PLANS: dict[tuple, Optional[tuple]] = {}
+_CONV_PLANS_MAX = 4096  # a model whose input sizes keep changing starts over rather than grow without end
+
+
+def conv_plan(input_shape, weight_shape, stride, padding, dilation, groups) -> Optional[tuple]:
+    """(stride, padding, dilation, out_hw) as `conv_geometry` gives them for an input of `input_shape` and a
+    weight of `weight_shape`, where the fused ops' shape checks admit them (4-D, `groups` an int that
+    divides the input's channels as the weight says) and padding is numbers; else None. Remembered
+    per key: the thin path of the runtime's fused calls asks it every call (fusion/runtime.py)."""
+    key = (input_shape, weight_shape, stride, padding, dilation, groups)
+    try:
+        return _CONV_PLANS[key]
+    except KeyError:
+        pass
+    except TypeError:  # a list among them: not remembered, the full checks decide
+        return None
+    plan = None
+    if (
+        len(input_shape) == 4
+        and len(weight_shape) == 4
+        and type(groups) is int
+        and groups > 0
+        and input_shape[1] == weight_shape[1] * groups
+        and int_pair(padding) is not None
+    ):
+        meta = torch.empty(input_shape, device="meta"), torch.empty(weight_shape, device="meta")
+        geometry = conv_geometry(*meta, stride, padding, dilation)
+        plan = None if geometry is None else tuple(geometry[1:])
+    if len(_CONV_PLANS) >= _CONV_PLANS_MAX:
+        _CONV_PLANS.clear()
+    _CONV_PLANS[key] = plan
+    return plan
+
+
 def conv_meta(input, weight, bias, stride, padding, dilation, groups) -> Tensor:
     """The convolution's output as the fake kernels see it (ATen's own meta function)."""
     return torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation, False, [0, 0], groups)
@@ -131,6 +166,30 @@ def conv_backward_meta(input, weight, bias, stride, padding, dilation, groups, o
 def autocast_on(device_type: str) -> bool:
     # The meta device (fxfuse's shape and memory estimates) has no autocast state to ask.
     return device_type != "meta" and torch.is_autocast_enabled(device_type)
+
+
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
+def quiet_modes() -> bool:
+    """Whether the extension is loaded and no mode is in effect that the fused calls' checks look for
+    beyond their tensors: autocast on any device, forward AD, a torch.func transform, a dynamo trace.
+    The runtime's thin path runs only then (fusion/runtime.py); every other call takes the full checks."""
+    return (
+        _extension._C is not None
+        and forward_ad._current_level < 0
+        and not _any_autocast()
+        and not _functorch_active()
+        and not torch.compiler.is_compiling()
+    )
+
+
+def alike(dtype: torch.dtype, device: torch.device, shape: Optional[tuple], tensors: Sequence[Optional[Tensor]]) -> bool:
+    """Whether every tensor given (None: absent) has `dtype`, `device` and, unless it is None, `shape`."""
+    for t in tensors:
+        if t is not None and (t.dtype is not dtype or t.device != device or (shape is not None and t.shape != shape)):
+            return False
+    return True
 
 
 def _all_match(ref: Tensor, tensors: Sequence[Optional[Tensor]]) -> bool:

@@ -89,20 +89,23 @@ def conv_bn_act_admitted(
     input: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntPair, padding: Union[IntPair, str],
     dilation: IntPair, groups: int, running_mean: Optional[Tensor], running_var: Optional[Tensor],
     bn_weight: Optional[Tensor], bn_bias: Optional[Tensor], training: bool, momentum: float, eps: float, act: str,
-    act_param: float, pieces: Optional[Sequence[Tensor]] = None,
+    act_param: float, pieces: Optional[Sequence[Tensor]] = None, geometry: Optional[tuple] = None,
 ) -> Tensor:  # fmt: skip
     """`conv_bn_act` for a call `layer_kernels_apply` admits and a checked `act`: the checks that are
-    left, then the op. Rewritten graphs' runtime calls it after its own `layer_kernels_apply`."""
+    left, then the op. Rewritten graphs' runtime calls it after its own `layer_kernels_apply`.
+    `geometry`: conv_geometry's answer for this call, where the caller also checked the shapes (the
+    runtime's thin path)."""
     given = input
-    bn_params = (running_mean, running_var, bn_weight, bn_bias)
-    geometry = None
-    if (
-        weight.dim() == 4
-        and input.shape[1] == weight.shape[1] * groups
-        and _per_channel(bn_params, (weight.shape[0],))
-        and (training or running_mean is not None)
-    ):
-        geometry = conv_geometry(input, weight, stride, padding, dilation)
+    if geometry is None:
+        bn_params = (running_mean, running_var, bn_weight, bn_bias)
+        if (
+            weight.dim() == 4
+            and input.shape[1] == weight.shape[1] * groups
+            and _per_channel(bn_params, (weight.shape[0],))
+        ):
+            geometry = conv_geometry(input, weight, stride, padding, dilation)
+    if not (training or running_mean is not None):
+        geometry = None
     count = input.shape[0] * geometry[4][0] * geometry[4][1] if geometry else 0
     if geometry is None or not batch_ok(count, training):
         return _eager(
