@@ -184,7 +184,9 @@ def quiet_modes() -> bool:
     )
 
 
-def alike(dtype: torch.dtype, device: torch.device, shape: Optional[tuple], tensors: Sequence[Optional[Tensor]]) -> bool:
+def alike(
+    dtype: torch.dtype, device: torch.device, shape: Optional[tuple], tensors: Sequence[Optional[Tensor]]
+) -> bool:
     """Whether every tensor given (None: absent) has `dtype`, `device` and, unless it is None, `shape`."""
     for t in tensors:
         if t is not None and (t.dtype is not dtype or t.device != device or (shape is not None and t.shape != shape)):
