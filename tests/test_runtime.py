@@ -66,7 +66,6 @@ def test_a_batch_norm_weight_set_as_an_attribute_is_what_forward_reads():
     assert (bias, mean, var) == (bn.bias, bn.running_mean, bn.running_var)
 
 
-
 def _modules():
     torch.manual_seed(0)
     return nn.ModuleList([nn.Conv2d(4, 6, 3, padding=1), nn.BatchNorm2d(6), nn.Conv2d(6, 6, 1), nn.BatchNorm2d(6)])
