@@ -1,5 +1,5 @@
 """fxfuse.ops.checks' pieces of the runtime's thin path: the remembered conv plan, the one pass over a
-call's tensors, and the modes that send a call to the full checks."""
+call's tensors (autocast included), and the modes that send a call to the full checks."""
 
 import pytest
 import torch
@@ -49,10 +49,10 @@ def test_alike_checks_dtype_device_and_shape_of_what_is_given():
 
 
 @pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
-def test_quiet_modes_is_false_under_each_mode_the_full_checks_handle():
+def test_quiet_modes_is_false_under_each_mode_the_thin_path_leaves_to_the_full_checks():
     assert checks.quiet_modes()
-    with torch.autocast("cpu"):
-        assert not checks.quiet_modes()
+    with torch.autocast("cpu"):  # autocast is the tensors' part: thin_dtypes
+        assert checks.quiet_modes()
     with torch.autograd.forward_ad.dual_level():
         assert not checks.quiet_modes()
     seen = []
@@ -61,3 +61,25 @@ def test_quiet_modes_is_false_under_each_mode_the_full_checks_handle():
     seen.clear()
     torch.compile(lambda t: seen.append(checks.quiet_modes()) or t + 1, backend="eager")(torch.zeros(2))
     assert seen == [False]
+
+
+def test_thin_dtypes_outside_autocast_wants_the_inputs_dtype_and_device_everywhere():
+    x, w, b, stats = torch.randn(2, 4, 3, 3), torch.randn(6, 4, 1, 1), torch.randn(6), [torch.zeros(6)] * 4
+    assert checks.thin_dtypes(x, (w, b), (6,), ((stats, (6,)),))
+    assert checks.thin_dtypes(x, (w, None), (6,), (((None,) * 4, (6,)),))
+    assert not checks.thin_dtypes(x, (w.double(), b), (6,), ((stats, (6,)),))
+    assert not checks.thin_dtypes(x, (w, b), (6,), (([stats[0].double()], (6,)),))
+    assert not checks.thin_dtypes(x, (w, torch.zeros(5)), (6,), ((stats, (6,)),))
+
+
+def test_thin_dtypes_under_autocast_follows_what_autocast_casts():
+    x, w, b = torch.randn(2, 4, 3, 3), torch.randn(6, 4, 1, 1), torch.randn(6)
+    f32, low = [torch.zeros(6)] * 4, [torch.zeros(6, dtype=torch.bfloat16)] * 4
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert checks.thin_dtypes(x, (w, b), (6,), ((f32, (6,)),))  # conv_bn_act: its Autocast kernel casts
+        assert checks.thin_dtypes(x, (w, b), (6,), ((low, (6,)),))
+        assert not checks.thin_dtypes(x, (w, b), (6,), ((f32[:2] + low[:2], (6,)),))  # one BN, two dtypes
+        assert not checks.thin_dtypes(x.double(), (w, b), (6,), ((f32, (6,)),))  # float64 is not cast
+        # bn_act_conv: the BN input must be a low-precision conv output already
+        assert checks.thin_dtypes(x.bfloat16(), (w, b), (6,), ((f32, (6,)),), True)
+        assert not checks.thin_dtypes(x, (w, b), (6,), ((f32, (6,)),), True)

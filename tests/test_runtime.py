@@ -149,3 +149,40 @@ def test_a_call_the_thin_path_declines_takes_the_full_checks(name):
             eager(theirs, x)
         with pytest.raises(type(theirs_error.value)):
             fused(ours, x)
+
+
+def _under_autocast(name):
+    """The site under CPU bfloat16 autocast, fed as in a model: BN-first sites read a conv's (bfloat16) output."""
+    eager, fused = SITES[name]
+    if name == "conv_bn_act":
+        return eager, fused
+    return (lambda m, t: eager(m, m[0](t))), (lambda m, t: fused(m, m[0](t)))
+
+
+def _run_twice(fn, modules, x):
+    out = fn(modules, x)
+    out.float().square().sum().backward()
+    return out, [p.grad for p in modules.parameters()], [b.clone() for b in modules.buffers()]
+
+
+@needs_ext
+@pytest.mark.parametrize("name", list(SITES))
+def test_under_autocast_the_thin_path_computes_the_full_checks_bits(name, monkeypatch):
+    _, fused = _under_autocast(name)
+    x = torch.randn(3, 4, 5, 5)
+    results = []
+    for thin in (True, False):
+        with monkeypatch.context() as patch:
+            if thin:
+                for check in ("kernels_apply", "layer_kernels_apply", "layer_params_apply", "conv_geometry"):
+                    patch.setattr(runtime, check, lambda *a: pytest.fail("the full checks ran"))
+            else:
+                patch.setattr(runtime, "quiet_modes", lambda: False)
+            modules = _modules()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                results.append(_run_twice(fused, modules, x))
+    (out_thin, grads_thin, stats_thin), (out_full, grads_full, stats_full) = results
+    assert out_thin.dtype == torch.bfloat16
+    torch.testing.assert_close(out_thin, out_full, rtol=0, atol=0)
+    for a, b in zip(grads_thin + stats_thin, grads_full + stats_full):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -22,7 +22,6 @@ from .. import ops
 from ..ops.batch_norm_act import batch_norm_act_admitted
 from ..ops.bn_act_conv import bn_act_conv_admitted
 from ..ops.checks import (
-    alike,
     apply_activation,
     conv_geometry,
     conv_plan,
@@ -30,6 +29,7 @@ from ..ops.checks import (
     layer_kernels_apply,
     layer_params_apply,
     quiet_modes,
+    thin_dtypes,
 )
 from ..ops.conv_bn_act import conv_bn_act_admitted
 from .known_modules import is_conv2d_same, is_norm_act, pad_same
@@ -141,21 +141,19 @@ def conv_bn_act_module(
 
 def _thin_conv_bn_act(x, conv, bn, conv_weight, conv_bias, bn_params) -> Optional[tuple]:
     """The thin path of `conv_bn_act_module` (the caller checked `quiet_modes`): conv_geometry's answer for a
-    plain nn.Conv2d where every tensor has the input's dtype and device, the shapes match and the conv plan
-    admits the call; None sends the call through the full checks."""
+    plain nn.Conv2d whose tensors go with the input (checks.thin_dtypes), where the shapes match and the conv
+    plan admits the call; None sends the call through the full checks."""
     if type(conv) is not nn.Conv2d or conv.padding_mode != "zeros":
         return None
     shape = x.shape
     plan = conv_plan(shape, conv_weight.shape, conv.stride, conv.padding, conv.dilation, conv.groups)
     if plan is None or not (x.is_floating_point() and x.layout is torch.strided):
         return None
-    out_channels = conv_weight.shape[0]
-    dtype, device = x.dtype, x.device
+    out_channels = (conv_weight.shape[0],)
     if (
         shape[1] == conv.in_channels
-        and bn.num_features == out_channels == conv.out_channels
-        and alike(dtype, device, None, (conv_weight,))
-        and alike(dtype, device, (out_channels,), (conv_bias, *bn_params))
+        and bn.num_features == out_channels[0] == conv.out_channels
+        and thin_dtypes(x, (conv_weight, conv_bias), out_channels, ((bn_params, out_channels),))
     ):
         return (x, *plan)
     return None
@@ -393,20 +391,20 @@ def bn_act_conv_module(
 
 def _thin_bn_act_conv(y, bn, conv, out_bn, in_params, conv_weight, conv_bias, out_params) -> Optional[tuple]:
     """The thin path of `bn_act_conv_module` (the caller checked `quiet_modes`): conv_geometry's answer where
-    every tensor has the input's dtype and device, the shapes match and the conv plan (shapes and geometry,
-    remembered) admits the call; None sends the call through the full checks, which decide every case."""
+    the call's tensors go with the input (checks.thin_dtypes; under autocast the input is a low-precision
+    conv output), the shapes match and the conv plan admits the call; None sends the call through the full
+    checks, which decide every case."""
     shape = y.shape
     plan = conv_plan(shape, conv_weight.shape, conv.stride, conv.padding, conv.dilation, conv.groups)
     if plan is None or not (y.is_floating_point() and y.layout is torch.strided):
         return None
-    channels, out_channels = shape[1], conv_weight.shape[0]
-    dtype, device = y.dtype, y.device
+    channels, out_channels = (shape[1],), (conv_weight.shape[0],)
     if (
-        bn.num_features == channels == conv.in_channels
-        and (out_bn is None or out_bn.num_features == out_channels == conv.out_channels)
-        and alike(dtype, device, (channels,), in_params)
-        and alike(dtype, device, None, (conv_weight,))
-        and alike(dtype, device, (out_channels,), (conv_bias, *out_params))
+        bn.num_features == channels[0] == conv.in_channels
+        and (out_bn is None or out_bn.num_features == out_channels[0] == conv.out_channels)
+        and thin_dtypes(
+            y, (conv_weight, conv_bias), out_channels, ((in_params, channels), (out_params, out_channels)), True
+        )
     ):
         return (y, *plan)
     return None

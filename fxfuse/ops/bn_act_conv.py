@@ -120,8 +120,18 @@ def bn_act_conv_admitted(
     second BN, matching channels, a conv geometry) with checked activations: the checks left, then
     the op. `geometry`: the caller's `conv_geometry` of this call, if it has it. Under autocast the
     conv's operands are cast as `bn_act_conv` casts them. `checked`: the caller also checked what is
-    left here (the runtime's thin path: no autocast, every shape), and gives `geometry`."""
+    left here (the runtime's thin path: every dtype and shape), and gives `geometry`."""
     if checked:
+        device = input.device.type
+        if autocast_on(device):  # the caller checked the dtypes: cast the conv's operands as bn_act_conv does
+            low = torch.get_autocast_dtype(device)
+            with torch.autocast(device, enabled=False):
+                return _run(
+                    geometry, input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum,
+                    in_eps, in_act, in_act_param, weight.to(low), None if bias is None else bias.to(low), stride,
+                    padding, dilation, groups, epilogue, running_mean, running_var, bn_weight, bn_bias, training,
+                    momentum, eps, act, act_param, pieces,
+                )  # fmt: skip
         return _run(
             geometry, input, in_running_mean, in_running_var, in_weight, in_bias, in_training, in_momentum, in_eps,
             in_act, in_act_param, weight, bias, stride, padding, dilation, groups, epilogue, running_mean,

@@ -173,12 +173,11 @@ _any_autocast = torch._C._is_any_autocast_enabled
 
 def quiet_modes() -> bool:
     """Whether the extension is loaded and no mode is in effect that the fused calls' checks look for
-    beyond their tensors: autocast on any device, forward AD, a torch.func transform, a dynamo trace.
-    The runtime's thin path runs only then (fusion/runtime.py); every other call takes the full checks."""
+    beyond their tensors and autocast: forward AD, a torch.func transform, a dynamo trace. The runtime's
+    thin path runs only then (fusion/runtime.py); every other call takes the full checks."""
     return (
         _extension._C is not None
         and forward_ad._current_level < 0
-        and not _any_autocast()
         and not _functorch_active()
         and not torch.compiler.is_compiling()
     )
@@ -191,6 +190,51 @@ def alike(
     for t in tensors:
         if t is not None and (t.dtype is not dtype or t.device != device or (shape is not None and t.shape != shape)):
             return False
+    return True
+
+
+def thin_dtypes(
+    input: Tensor,
+    layer: Sequence[Optional[Tensor]],
+    layer_shape: Optional[tuple],
+    norms: Sequence[tuple[Sequence[Optional[Tensor]], tuple]],
+    low_input: bool = False,
+) -> bool:
+    """The runtime's thin path's one pass over a call's tensors (its caller checked `quiet_modes`):
+    whether `layer` (a conv's weight, then its bias, of `layer_shape`) and each group of BatchNorm
+    tensors in `norms` (tensors, shape) go with `input` as the full checks require, in the common
+    cases: outside autocast, every tensor of the input's dtype and device; under autocast on a device
+    fxfuse casts for, the layer's tensors (and the input, unless `low_input`: it must then be in the
+    autocast dtype already) of a dtype autocast casts, and each BN group all float32 or all of the
+    autocast dtype. False sends the call to the full checks, which decide every case."""
+    device = input.device
+    autocast = _any_autocast() and torch.is_autocast_enabled(device.type)
+    if autocast:
+        if device.type not in AUTOCAST_DEVICES:
+            return False
+        low = torch.get_autocast_dtype(device.type)
+        if (input.dtype is not low) if low_input else (input.dtype not in _AUTOCAST_CASTS):
+            return False
+    dtype = input.dtype
+    # No function calls below: every fused call runs this.
+    for i, t in enumerate(layer):
+        if t is not None and (
+            (t.dtype not in _AUTOCAST_CASTS if autocast else t.dtype is not dtype)
+            or t.device != device
+            or (i and t.shape != layer_shape)
+        ):
+            return False
+    for group, shape in norms:
+        seen = None
+        for t in group:
+            if t is None:
+                continue
+            if seen is None:
+                seen = t.dtype
+                if not ((seen is low or seen is torch.float32) if autocast else seen is dtype):
+                    return False
+            if t.dtype is not seen or t.device != device or t.shape != shape:
+                return False
     return True
 
 
