@@ -1,7 +1,9 @@
 """ops/rebuild.py: a registered BN→activation output is kept as its recipe and rebuilt bit for bit; every other
 tensor, and the recipe's own tensors, reach the hooks already in effect."""
 
+import collections
 import gc
+import sys
 import weakref
 
 import pytest
@@ -204,3 +206,27 @@ def test_bn_input_changed_in_place_after_the_bn_keeps_the_output_as_it_is():
         return torch.autograd.grad(y, conv)[0]
 
     torch.testing.assert_close(conv_grad(True), conv_grad(False), rtol=0, atol=0)
+
+
+def test_a_tensor_kept_as_it_came_costs_one_python_call_each_way():
+    # Every tensor autograd keeps in an optimized forward goes through the scope's hooks.
+    a, b = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    calls = collections.Counter()
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == rebuild.__file__:
+            calls[frame.f_code.co_name] += 1
+
+    with rebuild.Scope():
+        sys.setprofile(count)
+        try:
+            out = a * b  # keeps a and b
+        finally:
+            sys.setprofile(None)
+    sys.setprofile(count)
+    try:
+        out.sum().backward()
+    finally:
+        sys.setprofile(None)
+    assert calls == {"_pack": 2, "_unpack": 2}
+    torch.testing.assert_close(a.grad, b)

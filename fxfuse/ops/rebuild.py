@@ -87,12 +87,9 @@ def register(out: Tensor, fn: Callable[..., Tensor], tensors: tuple, constants: 
         stack[-1].register(out, fn, tensors, constants)
 
 
-class _Kept:
-    __slots__ = ("packed", "version")
-
-    def __init__(self, packed: Any, version: Optional[int]) -> None:
-        self.packed = packed
-        self.version = version  # held as itself (no outer hooks): its version when packed
+# A tensor kept as it came is packed as a plain tuple (packed, version): every tensor of the forward that
+# autograd keeps goes through the scope's hooks, and a class's __init__ would be one more Python call each.
+# `version` is its version when packed where it is held as itself (no outer hooks), else None.
 
 
 class _Rebuilt:
@@ -183,19 +180,21 @@ class Scope:
             ref, _, fn, tensors, constants, _ = entry
             return _Rebuilt(fn, tuple(self._pack(u) for u in tensors), constants, (ref, t._version))
         if self._outer is not None:
-            return _Kept(self._outer[0](t), None)
+            return (self._outer[0](t), None)
         # Detached (it shares the version counter): holding `t` itself would tie a cycle through its grad_fn,
         # which keeps the node holding this; autograd gives the unpacked tensor its grad_fn back.
-        return _Kept(t.detach(), t._version)
+        return (t.detach(), t._version)
 
     def _unpack(self, packed: Any) -> Optional[Tensor]:
         if packed is None:
             return None
-        if isinstance(packed, _Kept):
-            if packed.version is None:
-                return self._outer[1](packed.packed)
-            _check_unchanged(packed.packed, packed.version)
-            return packed.packed
+        if type(packed) is tuple:
+            kept, version = packed
+            if version is None:
+                return self._outer[1](kept)
+            if kept._version != version:
+                _check_unchanged(kept, version)  # raises
+            return kept
         _check_unchanged(packed.output[0](), packed.output[1])
         tensors = [self._unpack(p) for p in packed.packed]
         with torch.no_grad():
