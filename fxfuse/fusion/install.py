@@ -103,7 +103,7 @@ def _key(
     (tracing.CallPattern: given as `pattern` where it is known) and, for a shape-specialized graph, its
     inputs' shapes."""
     pattern = pattern if pattern is not None else CallPattern.of(args, kwargs)
-    flags = tuple(m.training for m in state.key_modules) + tuple(getattr(m, a) for m, a in state.key_flags)
+    flags = tuple([m.training for m in state.key_modules] + [getattr(m, a) for m, a in state.key_flags])
     key = (flags, _hooked(state.tree) if hooked is None else hooked, pattern)
     if state.specialized:
         leaves = torch.utils._pytree.tree_leaves((tuple(args), kwargs or {}))

@@ -46,6 +46,7 @@ class RegionCall:
         self.__name__ = "recompute_region"
         self.__qualname__ = "recompute_region"
         self.__module__ = __name__
+        self._resolved: Optional[tuple] = None  # (the components, _modules' answer for them)
 
     def owner(self, components: Sequence[Any]) -> types.SimpleNamespace:
         return types.SimpleNamespace(**dict(zip(self.component_names, components)))
@@ -70,6 +71,19 @@ class RegionCall:
         )
 
     def _modules(self, owner: types.SimpleNamespace) -> list[nn.Module]:
+        # Resolved once per set of components: the graph that calls this region is dropped, and this with it,
+        # when a module of the tree changes its children (install.py), so the same components give the same
+        # modules.
+        components = tuple(vars(owner).values())
+        resolved = self._resolved
+        if resolved is not None and len(resolved[0]) == len(components):
+            if all(a is b for a, b in zip(resolved[0], components)):
+                return resolved[1]
+        modules = self._resolve(owner)
+        self._resolved = (components, modules)
+        return modules
+
+    def _resolve(self, owner: types.SimpleNamespace) -> list[nn.Module]:
         modules = []
         for path in self.module_paths:
             if not path:  # the root: its own tensors are `owner`'s attributes (_buffers_swapped swaps them there)
