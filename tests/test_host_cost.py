@@ -9,6 +9,7 @@ graph.
 
 from __future__ import annotations
 
+import copy
 import sys
 
 import pytest
@@ -138,3 +139,17 @@ def test_a_train_step_reads_no_device_value_on_the_host(options):
     names = {event.name for event in prof.events()}
     assert "fxfuse::batch_norm_act" in names or "fxfuse::conv_bn_act" in names or "fxfuse::bn_act_conv" in names
     assert not names & {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero"}
+
+
+@pytest.mark.parametrize("mode", ["fast", "memory"])
+def test_an_optimized_train_step_runs_no_more_python_than_eager(mode):
+    # MobileNetV2: 35 BN→ReLU6→conv sites between small layers, the model whose step the per-call Python
+    # kept furthest from eager's (issue 54). Budgets add torch.utils.checkpoint's and the rebuild scope's
+    # Python (tensor hooks), which this count does not cover.
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v2(num_classes=4)
+    x = torch.randn(2, 3, 16, 16)
+    optimized = fxfuse.optimize(copy.deepcopy(model), x, mode=mode)
+    ours, theirs = python_calls(_train(optimized, x)), python_calls(_train(model, x))
+    assert ours <= theirs, f"{ours} Python calls a step, eager's {theirs}"
