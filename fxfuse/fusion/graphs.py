@@ -5,6 +5,7 @@ which nodes may share a tensor's storage."""
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Any, Callable, Optional, Sequence
 
@@ -40,24 +41,34 @@ def bind_submodules(graph: fx.Graph, owner: nn.Module) -> fx.Graph:
     """A copy of `graph` that reads and calls `owner`'s submodules as they are now, not through
     `getattr(getattr(self.features, "3").conv, "1")`: each step of such a path is a call of
     nn.Module.__getattr__ (~1 us), and a rewritten MobileNetV2 reads ~120 submodules a forward.
-    Parameters and buffers stay looked up at call time."""
+    The code indexes one list of them (`submodules[3]`, no Python call). Parameters and buffers stay
+    looked up at call time."""
     copy = fx.Graph()
     copy._codegen = graph._codegen
     copy.output(copy.graph_copy(graph, {}))
+    bound: list[nn.Module] = []
+    table = None
     for node in list(copy.nodes):
         if node.op not in ("get_attr", "call_module"):
             continue
         target = _attribute(owner, str(node.target))
         if not isinstance(target, nn.Module):
             continue
-        name = re.sub(r"\W", "_", str(node.target))
-        with copy.inserting_before(node):
-            if node.op == "get_attr":
-                bound = copy.call_function(_constant(target, name))
-            else:
-                bound = copy.call_function(_caller(target, name), node.args, node.kwargs)
-        bound.meta = node.meta
-        node.replace_all_uses_with(bound)
+        name = node.name  # FX's name for the node (its path): what the generated code calls it
+        if node.op == "get_attr":
+            if table is None:
+                placeholders = [n for n in copy.nodes if n.op == "placeholder"]
+                with copy.inserting_after(placeholders[-1]) if placeholders else copy.inserting_before(node):
+                    table = copy.call_function(_constant(bound, "submodules"))
+            with copy.inserting_before(node):
+                module = copy.create_node("call_function", operator.getitem, (table, len(bound)), name=name)
+            bound.append(target)
+        else:  # a function of its own (dynamo breaks its graph at operator.call)
+            with copy.inserting_before(node):
+                caller = _caller(target, re.sub(r"\W", "_", str(node.target)))
+                module = copy.create_node("call_function", caller, node.args, node.kwargs, name=name)
+        module.meta = node.meta
+        node.replace_all_uses_with(module)
         copy.erase_node(node)
     return copy
 
