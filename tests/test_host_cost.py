@@ -116,6 +116,28 @@ def _layer_sites():
     }
 
 
+# The layer sites' Python calls beyond eager's (conv_act, linear_act, act_linear, layer_norm_linear) were
+# 21, 25, 26 and 39 before their ops' thin path (checks.thin_conv / thin_linear), now 9, 10, 11 and 3: the
+# runtime function, the parameters' read, the op's wrapper and its checks around one direct call. Two
+# calls of slack each.
+EXTRA_LAYER_CALLS = {"conv_act": 11, "linear_act": 12, "act_linear": 13, "layer_norm_linear": 5}
+
+
+@pytest.mark.parametrize("name", list(EXTRA_LAYER_CALLS))
+def test_a_fused_layer_site_runs_a_few_python_calls_more_than_eager_layers(name):
+    fused, x = _layer_sites()[name]
+    conv, lin, norm = nn.Conv2d(8, 8, 3, padding=1), nn.Linear(16, 16), nn.LayerNorm(16)
+    eager = {
+        "conv_act": lambda t: F.relu(conv(t)),
+        "linear_act": lambda t: F.gelu(lin(t)),
+        "act_linear": lambda t: lin(F.gelu(t)),
+        "layer_norm_linear": lambda t: lin(norm(t)),
+    }[name]
+    ours, theirs = python_calls(_train(fused, x)), python_calls(_train(eager, x))
+    limit = theirs + EXTRA_LAYER_CALLS[name]
+    assert ours <= limit, f"{name}: {ours} Python calls forward + backward, eager's {theirs}"
+
+
 @pytest.mark.parametrize("name", list(_layer_sites()))
 def test_the_backward_of_a_fused_site_runs_no_python(name):
     # The ops' Autograd kernels are C++ (csrc/autograd/): backward enters no Python function.

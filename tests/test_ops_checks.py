@@ -83,3 +83,31 @@ def test_thin_dtypes_under_autocast_follows_what_autocast_casts():
         # bn_act_conv: the BN input must be a low-precision conv output already
         assert checks.thin_dtypes(x.bfloat16(), (w, b), (6,), ((f32, (6,)),), True)
         assert not checks.thin_dtypes(x, (w, b), (6,), ((f32, (6,)),), True)
+
+
+def test_thin_plain_wants_torch_tensors_and_no_function_mode():
+    x, w = torch.randn(2, 3), torch.nn.Parameter(torch.randn(3, 3))
+    assert checks.thin_plain(x, w, None)
+    assert not checks.thin_plain(torch.nn.Parameter(x), w)  # a Parameter input: the full checks
+    assert not checks.thin_plain(x.int(), w)
+    assert not checks.thin_plain(x.to_sparse(), w)
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        assert not checks.thin_plain(x, w)
+
+
+def test_thin_linear_and_thin_conv_admit_only_what_the_full_checks_admit():
+    x, w, b = torch.randn(2, 5, 8), torch.randn(6, 8), torch.randn(6)
+    assert checks.thin_linear(x, w, b) and checks.linear_fusable(x, w, b)
+    for args in ((x, w, torch.randn(5)), (x, torch.randn(6, 7), b), (x, w.double(), b), (torch.randn(()), w, b)):
+        assert not checks.thin_linear(*args)
+    x, w = torch.randn(2, 4, 6, 6), torch.randn(6, 2, 3, 3)
+    geometry = checks.thin_conv(x, w, None, 1, 1, 1, 2)
+    expected = checks.fusable_conv_geometry(x, w, None, 1, 1, 1, 2)
+    assert geometry[0] is x and list(geometry[1:]) == list(expected[1:])
+    assert checks.thin_conv(x, torch.randn(5, 2, 3, 3), None, 1, 1, 1, 2) is None  # 5 outputs, 2 groups
+    assert checks.thin_conv(x, w, None, 1, "same", 1, 2) is None

@@ -168,7 +168,7 @@ def autocast_on(device_type: str) -> bool:
     return device_type != "meta" and torch.is_autocast_enabled(device_type)
 
 
-_any_autocast = torch._C._is_any_autocast_enabled
+any_autocast = torch._C._is_any_autocast_enabled
 
 
 def quiet_modes() -> bool:
@@ -208,7 +208,7 @@ def thin_dtypes(
     autocast dtype already) of a dtype autocast casts, and each BN group all float32 or all of the
     autocast dtype. False sends the call to the full checks, which decide every case."""
     device = input.device
-    autocast = _any_autocast() and torch.is_autocast_enabled(device.type)
+    autocast = any_autocast() and torch.is_autocast_enabled(device.type)
     if autocast:
         if device.type not in AUTOCAST_DEVICES:
             return False
@@ -236,6 +236,44 @@ def thin_dtypes(
             if t.dtype is not seen or t.device != device or t.shape != shape:
                 return False
     return True
+
+
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)  # no __torch_function__ of their own
+_function_mode = torch._C._is_torch_function_mode_enabled
+
+
+def thin_plain(input: Tensor, *optional: Optional[Tensor]) -> bool:
+    """`plain` for the thin path: a torch.Tensor input and plain tensors (or None) after it, no
+    `__torch_function__` mode; False where `plain` may still hold (a subclass without an override)."""
+    if type(input) is not Tensor or _function_mode():
+        return False
+    for t in optional:
+        if t is not None and type(t) not in _PLAIN_TYPES:
+            return False
+    return input.is_floating_point() and input.layout is torch.strided and not input.is_nested
+
+
+def thin_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """`linear_fusable` for a call whose caller checked `quiet_modes`, in the common cases (plain tensors
+    that `thin_dtypes` admits); False sends the call to `linear_fusable`."""
+    return (
+        thin_plain(input, weight, bias)
+        and weight.dim() == 2
+        and input.dim() >= 1
+        and input.shape[-1] == weight.shape[1]
+        and thin_dtypes(input, (weight, bias), (weight.shape[0],), ())
+    )
+
+
+def thin_conv(input: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, groups):
+    """`fusable_conv_geometry` for a call whose caller checked `quiet_modes`, in the common cases (plain
+    tensors that `thin_dtypes` admits, a conv plan); None sends the call to `fusable_conv_geometry`."""
+    if not thin_plain(input, weight, bias):
+        return None
+    plan = conv_plan(input.shape, weight.shape, stride, padding, dilation, groups)
+    if plan is None or weight.shape[0] % groups or not thin_dtypes(input, (weight, bias), (weight.shape[0],), ()):
+        return None
+    return (input, *plan)
 
 
 def _all_match(ref: Tensor, tensors: Sequence[Optional[Tensor]]) -> bool:

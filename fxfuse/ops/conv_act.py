@@ -22,7 +22,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled, direct
-from .checks import IntPair, apply_activation, check_act, conv_backward_meta, conv_meta, fusable_conv_geometry
+from .checks import (
+    IntPair,
+    apply_activation,
+    check_act,
+    conv_backward_meta,
+    conv_meta,
+    fusable_conv_geometry,
+    quiet_modes,
+    thin_conv,
+)
 
 __all__ = ["conv_act"]
 
@@ -43,6 +52,10 @@ def conv_act(
     Backward recomputes the convolution from `input` instead of keeping its output.
     """
     check_act(act)
+    geometry = thin_conv(input, weight, bias, stride, padding, dilation, groups) if quiet_modes() else None
+    if geometry is not None:
+        _, stride, padding, dilation, _ = geometry
+        return direct.call("conv_act")(input, weight, bias, stride, padding, dilation, groups, act, float(act_param))
     geometry = fusable_conv_geometry(input, weight, bias, stride, padding, dilation, groups)
     if geometry is None:
         return apply_activation(F.conv2d(input, weight, bias, stride, padding, dilation, groups), act, act_param)

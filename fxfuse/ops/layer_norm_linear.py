@@ -26,7 +26,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled, direct
-from .checks import check_linear, linear_fusable, norm_dtype, plain
+from .checks import (
+    alike,
+    any_autocast,
+    check_linear,
+    linear_fusable,
+    norm_dtype,
+    plain,
+    quiet_modes,
+    thin_linear,
+    thin_plain,
+)
 
 __all__ = ["layer_norm_linear"]
 
@@ -54,6 +64,20 @@ def _fusable(input, size, ln_weight, ln_bias, eps, weight, bias) -> bool:
     )
 
 
+def _thin(input, size, ln_weight, ln_bias, eps, weight, bias) -> bool:
+    """`_fusable` for a call whose caller checked `quiet_modes`, outside autocast, in the common cases
+    (a float eps, plain tensors of the input's dtype and device); False sends the call to `_fusable`."""
+    return (
+        size is not None
+        and type(eps) is float
+        and not any_autocast()
+        and thin_plain(input, ln_weight, ln_bias)
+        and thin_linear(input, weight, bias)  # asks input.dim() >= 1 first
+        and input.shape[-1] == size
+        and alike(input.dtype, input.device, (size,), (ln_weight, ln_bias))
+    )
+
+
 def layer_norm_linear(
     input: Tensor,
     normalized_shape: Sequence[int],
@@ -66,6 +90,8 @@ def layer_norm_linear(
     """`F.linear(F.layer_norm(input, normalized_shape, ln_weight, ln_bias, eps), weight, bias)`,
     keeping only `input` and the parameters for backward."""
     size = _last_dim(normalized_shape)
+    if quiet_modes() and _thin(input, size, ln_weight, ln_bias, eps, weight, bias):
+        return direct.call("layer_norm_linear")(input, [size], ln_weight, ln_bias, eps, weight, bias)
     if _fusable(input, size, ln_weight, ln_bias, eps, weight, bias):
         if compiled.applies(input):  # under torch.compile: a composition inductor fuses (ops/compiled.py)
             return compiled.compiled_layer_norm_linear(input, [size], ln_weight, ln_bias, float(eps), weight, bias)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import compiled, direct
-from .checks import check_act, check_linear, linear_fusable
+from .checks import check_act, check_linear, linear_fusable, quiet_modes, thin_linear
 
 
 def call_linear_op(op: str, composition: Callable, eager: Callable, input, weight, bias, act: str, act_param: float):
@@ -19,6 +19,8 @@ def call_linear_op(op: str, composition: Callable, eager: Callable, input, weigh
     torch.compile `composition(F.linear, ...)`, which inductor fuses (ops/compiled.py); else
     `eager(input, weight, bias, act=..., act_param=...)`, which raises eager's errors."""
     check_act(act)
+    if quiet_modes() and thin_linear(input, weight, bias):
+        return direct.call(op)(input, weight, bias, act, float(act_param))
     if linear_fusable(input, weight, bias):
         if compiled.applies(input):
             return composition(F.linear, (input, weight, bias), act, act_param)
