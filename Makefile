@@ -25,10 +25,16 @@ $(PY):
 # What make prints stays within 100 columns: pip's version check off through its environment, and the
 # editable build's warning about a package folder in the working directory (the checkout is that folder).
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
-PIP := $(PY) -m pip install --quiet
+# pip -qq prints errors only: a pip config that lists extra package indexes gets a warning line (over
+# 100 columns) for each package that an index lacks.
+PIP := $(PY) -m pip install -qq
+# pip compiles what it installs to bytecode one file after the other (torch's ~6,000 .py files: ~25
+# CPU-seconds); compileall on every core instead. Like pip's, it leaves files that do not compile
+# (a test file in Python 3.12 syntax) to import from source. .venv/lib holds only site-packages.
 $(DEMO_DEPS): requirements-demo.txt | $(PY)
 	$(PIP) --upgrade pip
-	$(PIP) -r requirements-demo.txt
+	$(PIP) --no-compile -r requirements-demo.txt
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
 $(DEPS): requirements-dev.txt $(DEMO_DEPS)

@@ -44,51 +44,99 @@ def _cuda_decision():
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("fxfuse", "csrc")
-CUDA = _cuda_decision()
-print(f"fxfuse: CUDA kernels {'on' if CUDA.cuda else 'off'} ({CUDA.reason})")
-if CUDA.cuda:
-    _cuda_home_for_nvcc_wrapper()
-    import torch
+# pip runs setup.py three times for `pip install -e .`: for the build requirements (egg_info), for
+# the metadata (dist_info), then to build. The first two need no extension and skip importing torch
+# (~3 CPU-seconds each). Option values that are paths do not count as commands.
+_COMMANDS = {arg for arg in sys.argv[1:] if not arg.startswith("-") and os.sep not in arg}
+METADATA_ONLY = bool(_COMMANDS) and _COMMANDS <= {"egg_info", "dist_info"}
+if not METADATA_ONLY:
+    CUDA = _cuda_decision()
+    print(f"fxfuse: CUDA kernels {'on' if CUDA.cuda else 'off'} ({CUDA.reason})")
+    if CUDA.cuda:
+        _cuda_home_for_nvcc_wrapper()
+        import torch
 
-    _archs = sys.modules["_cuda_build"].arch_list(
-        os.environ, torch.cuda.is_available(), getattr(torch._C, "_cuda_getArchFlags", lambda: "")()
-    )
-    if _archs:
-        os.environ["TORCH_CUDA_ARCH_LIST"] = _archs
-        print(f"fxfuse: no GPU visible and TORCH_CUDA_ARCH_LIST unset: building for torch's own architectures {_archs}")
+        _archs = sys.modules["_cuda_build"].arch_list(
+            os.environ, torch.cuda.is_available(), getattr(torch._C, "_cuda_getArchFlags", lambda: "")()
+        )
+        if _archs:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = _archs
+            print(
+                "fxfuse: no GPU visible and TORCH_CUDA_ARCH_LIST unset: "
+                f"building for torch's own architectures {_archs}"
+            )
 
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 
 def sources(pattern):
     return sorted(glob.glob(os.path.join(CSRC, pattern), recursive=True))
 
 
-# Translation units that compile a directory's files together (csrc/*_unit.cpp): apart, each file
-# spent most of its CPU time on the same torch headers and templates (a fresh build: 375 -> 200
-# CPU-seconds). The hand-written CPU kernels (cpu/) stay one unit per file.
+# Translation units that compile several files together (csrc/*_unit.cpp): apart, each file spent
+# most of its CPU time on the same torch headers and templates (a fresh CPU-only build, 14 units
+# -> 4, the glue at -O1: ~190 -> ~125 CPU-seconds). A file matching a unit's patterns is compiled
+# by exactly one unit (the first unit listed that it matches names where it goes); a csrc/*.cpp or
+# cpu/*.cpp file that no unit covers is compiled alone.
 UNITS = {
-    "generic_unit.cpp": ["generic/*.cpp"],
     "autograd_unit.cpp": ["autograd/*.cpp", "autocast/*.cpp"],
-    "autograd_layers_unit.cpp": ["autograd/*.cpp"],
+    "generic_unit.cpp": ["generic/*.cpp", "ops.cpp", "direct_calls.cpp"],
+    "cpu_avx2_unit.cpp": ["cpu/*_avx2.cpp"],
+    "cpu_unit.cpp": ["cpu/*.cpp"],
 }
+# The units of glue around ATen calls (registration, autograd Functions, argument checks, the
+# Python fast path): -O1 compiles them in ~30% less time than -O3; their own code is a small part
+# of a call's host cost (benchmarks/host_cost.py --sites). The CPU kernels keep -O3.
+GLUE_UNITS = ("autograd_unit.cpp", "generic_unit.cpp")
+GLUE_OPT = "-O1"
 
 
-def check_units():
-    """A file of a unit's directories that no unit over them includes would be built nowhere; one that two
-    include would be built twice."""
+def _included_by_units():
     where: dict[str, list[str]] = {}
     for unit in UNITS:
         with open(os.path.join(CSRC, unit)) as f:
             for rel in re.findall(r'^#include "([^"]+)"', f.read(), re.MULTILINE):
                 where.setdefault(rel, []).append(unit)
+    return where
+
+
+def check_units():
+    """A file matching a unit's patterns that no unit includes would be built nowhere; one that two
+    include would be built twice; one in another unit than the first that it matches, built with
+    the wrong neighbours (an AVX2 file among the baseline ones)."""
+    where = _included_by_units()
+    home: dict[str, str] = {}
     for unit, patterns in UNITS.items():
         for path in (p for pattern in patterns for p in sources(pattern)):
-            rel = os.path.relpath(path, CSRC).replace(os.sep, "/")
-            if rel not in where:
-                sys.exit(f'setup.py: fxfuse/csrc/{rel} is not compiled: add #include "{rel}" to fxfuse/csrc/{unit}')
-            if len(where[rel]) > 1:
-                sys.exit(f"setup.py: fxfuse/csrc/{rel} is in {' and '.join(where[rel])}: keep it in one")
+            home.setdefault(os.path.relpath(path, CSRC).replace(os.sep, "/"), unit)
+    for rel, unit in home.items():
+        if rel not in where:
+            sys.exit(f'setup.py: fxfuse/csrc/{rel} is not compiled: add #include "{rel}" to fxfuse/csrc/{unit}')
+        if len(where[rel]) > 1:
+            sys.exit(f"setup.py: fxfuse/csrc/{rel} is in {' and '.join(where[rel])}: keep it in one")
+        if where[rel] != [unit]:
+            sys.exit(f"setup.py: fxfuse/csrc/{rel} belongs in fxfuse/csrc/{unit}, not {where[rel][0]}")
+
+
+def _with_glue_opt(write_ninja_file):
+    """torch's BuildExtension gives every C++ file of an extension the same flags; this wraps its
+    ninja file writer so that the glue units' compile commands end with GLUE_OPT (the last -O
+    wins)."""
+
+    def write(path, *args, **kwargs):
+        write_ninja_file(path, *args, **kwargs)
+        with open(path) as f:
+            lines = f.read().splitlines()
+        out = []
+        for line in lines:
+            out.append(line)
+            m = re.fullmatch(r"build (.+): compile (.+)", line)
+            if m and m.group(2).replace("$ ", " ").endswith(tuple(f"{os.sep}{u}" for u in GLUE_UNITS)):
+                out.append(f"  post_cflags = $post_cflags {GLUE_OPT}")
+        with open(path, "w") as f:
+            f.write("\n".join(out) + "\n")
+
+    return write
 
 
 def extension():
@@ -106,7 +154,12 @@ def extension():
     # enable AVX2/FMA per function (#pragma GCC target in cpu/*_avx2.cpp, picked at
     # run time), so no -mavx2 here: the extension still loads on x86-64 CPUs without AVX2.
     cxx += ["-ffp-contract=off"]
-    srcs = sources("*.cpp") + sources("cpu/*.cpp")
+    included = _included_by_units()
+    srcs = [
+        p
+        for p in sources("*.cpp") + sources("cpu/*.cpp")
+        if os.path.relpath(p, CSRC).replace(os.sep, "/") not in included
+    ]
     if CUDA.cuda:
         return CUDAExtension(
             "fxfuse._C",
@@ -118,27 +171,46 @@ def extension():
     return CppExtension("fxfuse._C", srcs, extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])
 
 
-class BuildWithInfo(BuildExtension.with_options(use_ninja=True)):
-    """Also records the torch the extension is compiled against (fxfuse/_build_info.py), so that a
-    load failure in a process running another torch can say so."""
+if not METADATA_ONLY:
 
-    def run(self):
-        import torch
+    class BuildWithInfo(BuildExtension.with_options(use_ninja=True)):
+        """Also records the torch the extension is compiled against (fxfuse/_build_info.py), so that a
+        load failure in a process running another torch can say so. Compiles the glue units at
+        GLUE_OPT (_with_glue_opt) where torch still writes its ninja file with _write_ninja_file; an
+        FXFUSE_DEBUG=1 build keeps -O0 everywhere."""
 
-        text = (
-            f'"""Generated by setup.py when fxfuse._C was built."""\n'
-            f'TORCH_VERSION = "{torch.__version__}"\n'
-            f"WITH_CUDA = {CUDA.cuda!r}\n"
-            f"CUDA_REASON = {CUDA.reason!r}\n"
-        )
-        targets = [os.path.join(HERE, "fxfuse")]
-        if not self.inplace:
-            targets.append(os.path.join(self.build_lib, "fxfuse"))
-        for target in targets:
-            os.makedirs(target, exist_ok=True)
-            with open(os.path.join(target, "_build_info.py"), "w") as f:
-                f.write(text)
-        super().run()
+        def build_extensions(self):
+            import torch.utils.cpp_extension as cpp
+
+            write = getattr(cpp, "_write_ninja_file", None)
+            if write is None or os.environ.get("FXFUSE_DEBUG") == "1":
+                return super().build_extensions()
+            cpp._write_ninja_file = _with_glue_opt(write)
+            try:
+                return super().build_extensions()
+            finally:
+                cpp._write_ninja_file = write
+
+        def run(self):
+            import torch
+
+            text = (
+                f'"""Generated by setup.py when fxfuse._C was built."""\n'
+                f'TORCH_VERSION = "{torch.__version__}"\n'
+                f"WITH_CUDA = {CUDA.cuda!r}\n"
+                f"CUDA_REASON = {CUDA.reason!r}\n"
+            )
+            targets = [os.path.join(HERE, "fxfuse")]
+            if not self.inplace:
+                targets.append(os.path.join(self.build_lib, "fxfuse"))
+            for target in targets:
+                os.makedirs(target, exist_ok=True)
+                with open(os.path.join(target, "_build_info.py"), "w") as f:
+                    f.write(text)
+            super().run()
 
 
-setup(ext_modules=[extension()], cmdclass={"build_ext": BuildWithInfo})
+if METADATA_ONLY:
+    setup()
+else:
+    setup(ext_modules=[extension()], cmdclass={"build_ext": BuildWithInfo})

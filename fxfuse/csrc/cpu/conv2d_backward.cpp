@@ -17,7 +17,7 @@ namespace fxfuse {
 namespace {
 
 template <typename T>
-const cpu::DepthwiseKernelTable<T>& kernel_table() {
+const cpu::DepthwiseKernelTable<T>& depthwise_kernel_table() {
 #if FXFUSE_HAVE_AVX2_KERNELS
   if (cpu::use_avx2_kernels()) return cpu::AVX2::depthwise_kernels<T>();
 #endif
@@ -90,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_backward_cpu(
       weight.size(2), weight.size(3), stride[0], stride[1], padding[0], padding[1], dilation[0],
       dilation[1]};
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "fxfuse::conv2d_backward", [&] {
-    kernel_table<scalar_t>().weight_grad(
+    depthwise_kernel_table<scalar_t>().weight_grad(
         x.const_data_ptr<scalar_t>(), gy.const_data_ptr<scalar_t>(),
         grad_weight.mutable_data_ptr<scalar_t>(),
         want_bias ? grad_bias.mutable_data_ptr<scalar_t>() : nullptr, g);

@@ -49,7 +49,7 @@ namespace {
 
 
 template <typename T>
-const cpu::GeluKernelTable<T>& kernel_table() {
+const cpu::GeluKernelTable<T>& gelu_kernel_table() {
 #if FXFUSE_HAVE_AVX2_KERNELS
   if (cpu::use_avx2_kernels()) return cpu::AVX2::gelu_kernels<T>();
 #endif
@@ -155,7 +155,7 @@ at::Tensor gelu_cpu(const at::Tensor& self, c10::string_view approximate) {
     return out;
   }
   AT_DISPATCH_FLOATING_TYPES(self.scalar_type(), "fxfuse::gelu_cpu", [&] {
-    kernel_table<scalar_t>().forward(
+    gelu_kernel_table<scalar_t>().forward(
         self.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), self.numel(), tanh);
   });
   return out;
@@ -177,7 +177,7 @@ at::Tensor gelu_backward_cpu(
     return grad_input;
   }
   AT_DISPATCH_FLOATING_TYPES(self.scalar_type(), "fxfuse::gelu_backward_cpu", [&] {
-    kernel_table<scalar_t>().backward(
+    gelu_kernel_table<scalar_t>().backward(
         grad_output.const_data_ptr<scalar_t>(), self.const_data_ptr<scalar_t>(),
         grad_input.mutable_data_ptr<scalar_t>(), self.numel(), tanh);
   });
