@@ -75,7 +75,7 @@ def sources(pattern):
 
 # Translation units that compile several files together (csrc/*_unit.cpp): apart, each file spent
 # most of its CPU time on the same torch headers and templates (a fresh CPU-only build, 14 units
-# -> 4, the glue at -O1: ~190 -> ~125 CPU-seconds). A file matching a unit's patterns is compiled
+# -> 4: ~190 -> ~125 CPU-seconds with the glue at -O1, ~135 at -O2). A file matching a unit's patterns is compiled
 # by exactly one unit (the first unit listed that it matches names where it goes); a csrc/*.cpp or
 # cpu/*.cpp file that no unit covers is compiled alone.
 UNITS = {
@@ -85,10 +85,12 @@ UNITS = {
     "cpu_unit.cpp": ["cpu/*.cpp"],
 }
 # The units of glue around ATen calls (registration, autograd Functions, argument checks, the
-# Python fast path): -O1 compiles them in ~30% less time than -O3; their own code is a small part
-# of a call's host cost (benchmarks/host_cost.py --sites). The CPU kernels keep -O3.
+# Python fast path): -O2. -O1 compiled them in ~30% less time than -O3, but a fused call's host
+# time against eager's layers read up to 8% worse with it (benchmarks/host_cost.py's sites, one
+# loaded run: issue 54 is about that time); -O2 costs ~40% more than -O1 to compile. The CPU
+# kernels keep -O3.
 GLUE_UNITS = ("autograd_unit.cpp", "generic_unit.cpp")
-GLUE_OPT = "-O1"
+GLUE_OPT = "-O2"
 
 
 def _included_by_units():
