@@ -80,7 +80,7 @@ def sources(pattern):
 # cpu/*.cpp file that no unit covers is compiled alone.
 UNITS = {
     "autograd_unit.cpp": ["autograd/*.cpp", "autocast/*.cpp"],
-    "generic_unit.cpp": ["generic/*.cpp", "ops.cpp", "direct_calls.cpp"],
+    "generic_unit.cpp": ["generic/*.cpp", "module.cpp", "direct_calls.cpp"],
     "cpu_avx2_unit.cpp": ["cpu/*_avx2.cpp"],
     "cpu_unit.cpp": ["cpu/*.cpp"],
 }

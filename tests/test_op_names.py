@@ -77,7 +77,7 @@ def test_one_name_in_every_layer(op):
 @pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 def test_each_schema_is_a_fragment_beside_its_generic_kernel():
     """As torchvision's csrc/ops/<op>.cpp: fxfuse::<op>'s schema is in a TORCH_LIBRARY_FRAGMENT of
-    generic/<op>.cpp, and the namespace's one TORCH_LIBRARY (ops.cpp) defines none."""
+    generic/<op>.cpp, and the namespace's one TORCH_LIBRARY (module.cpp) defines none."""
     csrc = ROOT / "fxfuse" / "csrc"
     texts = {path.relative_to(csrc).as_posix(): path.read_text() for path in csrc.rglob("*") if path.is_file()}
     names = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("fxfuse::")}
@@ -85,5 +85,5 @@ def test_each_schema_is_a_fragment_beside_its_generic_kernel():
         family = FAMILY.get(name, name.removesuffix("_backward"))
         assert [rel for rel, text in texts.items() if f'"{name}(' in text] == [f"generic/{family}.cpp"], name
         assert "TORCH_LIBRARY_FRAGMENT(fxfuse, m) {" in texts[f"generic/{family}.cpp"]
-    assert [rel for rel, text in texts.items() if "TORCH_LIBRARY(fxfuse, m)" in text] == ["ops.cpp"]
-    assert "TORCH_LIBRARY(fxfuse, m) {}" in texts["ops.cpp"]
+    assert [rel for rel, text in texts.items() if "TORCH_LIBRARY(fxfuse, m)" in text] == ["module.cpp"]
+    assert "TORCH_LIBRARY(fxfuse, m) {}" in texts["module.cpp"]

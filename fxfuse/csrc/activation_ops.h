@@ -111,7 +111,7 @@ inline void act_backward_into(
 bool gelu_is_tanh(c10::string_view approximate, const char* op);
 
 // The schemas of gelu and gelu_backward (generic/gelu.cpp), which torch.ops.fxfuse_generic
-// (ops.cpp) defines again.
+// (module.cpp) defines again.
 namespace schemas {
 extern const char* const kGelu;
 extern const char* const kGeluBackward;

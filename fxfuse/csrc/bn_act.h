@@ -22,7 +22,7 @@ namespace fxfuse {
 
 // The schemas of bn_stats, bn_act, bn_act_backward and their in-place forms (generic/bn_act.cpp)
 // and of update_running_stats_ (generic/running_stats.cpp), which the tests' namespaces
-// (ops.cpp: fxfuse_generic, fxfuse_elementwise) define again.
+// (module.cpp: fxfuse_generic, fxfuse_elementwise) define again.
 namespace schemas {
 extern const char* const kBnStats;
 extern const char* const kBnAct;

@@ -1,4 +1,4 @@
-// generic/*.cpp, ops.cpp and direct_calls.cpp as one translation unit (setup.py compiles this
+// generic/*.cpp, module.cpp and direct_calls.cpp as one translation unit (setup.py compiles this
 // file, not those): each of them alone spends most of its compile time in the same torch headers
 // and registration templates, so together they build in a fraction of the CPU time. Glue around
 // ATen calls, compiled at -O1 (setup.py GLUE_UNITS). setup.py fails if one is missing here.
@@ -17,5 +17,5 @@
 #include "generic/linear_act.cpp"
 #include "generic/max_pool2d.cpp"
 #include "generic/running_stats.cpp"
-#include "ops.cpp"
+#include "module.cpp"
 #include "direct_calls.cpp"
