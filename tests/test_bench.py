@@ -353,7 +353,7 @@ def test_add_fit_fills_counted_and_measured_batches_with_ratios_to_the_baseline(
     names = ["eager", "eager-channels_last", "memory", "checkpoint"]
     variants = {n: bench.make_variant(n, model, x, memory_format=torch.channels_last) for n in names}
     rows = bench.compare(variants, x, repeats=1, memory_format=torch.channels_last)
-    cap = measure.step_peak_bytes_meta(model, (torch.randn(64, 3, 16, 16),))
+    cap = measure.step_peak_bytes_meta(model, (torch.randn(32, 3, 16, 16),))
     bench.add_fit(rows, variants, x, cap, memory_format=torch.channels_last)
     by = {r.variant: r for r in rows}
     base = next(r for r in rows if r.baseline)
