@@ -1,3 +1,4 @@
+import gc
 import os
 
 import pytest
@@ -30,6 +31,18 @@ def pytest_configure(config):
     set them themselves."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_survivors():
+    """Each module starts with what earlier ones left alive moved out of the collector's sight
+    (gc.freeze): fxfuse.measure calls gc.collect() before and after each count, and a collection that
+    walks torch's, sympy's and the earlier modules' objects took 0.2 s or more, which the bench and fit
+    tests paid dozens of times each. Garbage is collected first; what a test creates is collected as
+    before, and so is anything frozen that its last reference leaves."""
+    gc.collect()
+    gc.freeze()
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 """benchmarks/allocator_faults.py: step time and page faults under each CPU allocator setting."""
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,12 +35,13 @@ def test_each_child_gets_its_setting_and_no_inherited_allocator_setting():
 
 def test_each_setting_runs_in_a_process_of_its_own():
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", "torchvision:resnet18", "--shape", "2,3,32,32", "--repeats", "1"]
-        + ["--budget", "0.5", "--no-compile", "--settings", "default,no-trim"],
+        [sys.executable, str(SCRIPT), "--model", "tests.test_bench:small_net", "--shape", "2,3,16,16"]
+        + ["--repeats", "1", "--budget", "0.5", "--no-compile", "--settings", "default,no-trim"],
         capture_output=True,
         text=True,
         check=True,
         cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)},
     )
     system, *lines = [line for line in run.stdout.splitlines() if line.strip()]
     assert system.startswith("libc ")

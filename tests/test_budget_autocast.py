@@ -135,11 +135,13 @@ def test_peak_budget_is_met_under_autocast():
     _check_peak_budget_met(_cnn(), torch.randn(4, 3, 16, 16), 0.7)
 
 
-@pytest.mark.slow
-def test_resnet50_memory_budget_half_is_met_under_autocast():
-    """The issue's case (ResNet-50 kept 0.561x of eager's saved bytes under bf16 autocast at budget 0.5)."""
+def test_bottleneck_resnet_memory_budget_half_is_met_under_autocast():
+    """The issue's case (ResNet-50 kept 0.561x of eager's saved bytes under bf16 autocast at budget 0.5) on
+    ResNet-50's blocks, one bottleneck per stage (stem, 1x1-3x3-1x1, downsample branches, residual adds);
+    ResNet-50 itself runs in make zoo (test_zoo_budgets_are_met_under_autocast[0.5-resnet50])."""
     torch.manual_seed(0)
-    _check_budget_met_and_counted(torchvision.models.resnet50().train(), torch.randn(2, 3, 32, 32), 0.5)
+    model = torchvision.models.resnet.ResNet(torchvision.models.resnet.Bottleneck, [1, 1, 1, 1]).train()
+    _check_budget_met_and_counted(model, torch.randn(2, 3, 32, 32), 0.5)
 
 
 @pytest.mark.zoo
