@@ -10,9 +10,11 @@ itself on a small model.
 """
 
 import copy
+import warnings
 
 import pytest
 import torch
+import torch._dynamo.utils
 import torch.nn.functional as F
 import torchvision
 from support.config_flag_net import ConfigFlagNet
@@ -221,3 +223,15 @@ def test_a_change_that_needs_a_new_graph_breaks_the_compiled_graph_with_fxfuses_
     assert len(model(x)) == 2
     assert len(compiled_model(x)) == 2
     torch._dynamo.reset()
+
+
+def test_compiling_an_optimized_model_warns_of_no_cached_function(monkeypatch):
+    # Dynamo warns at every functools.cache-wrapped function it traces (once per process: its record of
+    # what it warned of is emptied here); the runtime's per-call helpers use plain dicts instead.
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())
+    torch._dynamo.reset()
+    model = fxfuse.optimize(small_net())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.compile(model, backend="eager")(torch.randn(2, 3, 8, 8)).sum().backward()
+    assert not [w for w in seen if "lru_cache" in str(w.message)]

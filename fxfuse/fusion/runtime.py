@@ -47,7 +47,9 @@ def bn_call_config(
     factor = 0.0 if momentum is None else momentum
     training = bn.training
     if training and bn.track_running_stats:
-        plain = _plain_class(type(bn), _BN_STATE)
+        plain = _PLAIN_CLASSES.get((type(bn), _BN_STATE))
+        if plain is None:
+            plain = _plain_class(type(bn), _BN_STATE)
         count = bn._buffers.get("num_batches_tracked") if plain else bn.num_batches_tracked
         if count is not None:
             count.add_(1)
@@ -63,24 +65,31 @@ _BN_STATE = ("weight", "bias", "running_mean", "running_var", "num_batches_track
 _LAYER_STATE = ("weight", "bias")
 
 
-@functools.cache
+# _plain_class's answers. A dict the callers read first, not functools.cache: dynamo traces a dict
+# lookup, and warns at every cached function it meets (torch.compile(fxfuse.optimize(model))).
+_PLAIN_CLASSES: dict[tuple[type, tuple[str, ...]], bool] = {}
+
+
 def _plain_class(cls: type, names: tuple[str, ...]) -> bool:
     """Whether a module class has no class attribute or property named as any of `names` (a
     parametrization's class has one), so that reading them from `_parameters` / `_buffers` is what
-    `getattr` reads, at a fraction of nn.Module.__getattr__'s cost: every fused call reads several."""
-    return not any(hasattr(cls, name) for name in names)
+    `getattr` reads, at a fraction of nn.Module.__getattr__'s cost: every fused call reads several.
+    Callers look in `_PLAIN_CLASSES` first."""
+    plain = _PLAIN_CLASSES[(cls, names)] = not any(hasattr(cls, name) for name in names)
+    return plain
 
 
 def bn_tensors(bn: nn.BatchNorm2d) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """(weight, bias, running_mean, running_var) of `bn`, as its forward reads them: from its tables where
     they are there and nothing else answers to those names."""
     params, buffers = bn._parameters, bn._buffers
+    plain = _PLAIN_CLASSES.get((type(bn), _BN_STATE))
     if (
         "weight" in params
         and "bias" in params
         and "running_mean" in buffers
         and "running_var" in buffers
-        and _plain_class(type(bn), _BN_STATE)
+        and (plain if plain is not None else _plain_class(type(bn), _BN_STATE))
     ):
         return params["weight"], params["bias"], buffers["running_mean"], buffers["running_var"]
     return bn.weight, bn.bias, bn.running_mean, bn.running_var
@@ -90,7 +99,10 @@ def layer_tensors(layer: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
     """(weight, bias) of a conv, linear or layer norm module, as its forward reads them: from
     `_parameters` where they are there and nothing else answers to those names."""
     params = layer._parameters
-    if "weight" in params and "bias" in params and _plain_class(type(layer), _LAYER_STATE):
+    plain = _PLAIN_CLASSES.get((type(layer), _LAYER_STATE))
+    if plain is None:
+        plain = _plain_class(type(layer), _LAYER_STATE)
+    if plain and "weight" in params and "bias" in params:
         return params["weight"], params["bias"]
     return layer.weight, layer.bias
 
