@@ -38,7 +38,8 @@ $(DEMO_DEPS): requirements-demo.txt | $(PY)
 	touch $@
 
 $(DEPS): requirements-dev.txt $(DEMO_DEPS)
-	$(PIP) -r requirements-dev.txt
+	$(PIP) --no-compile -r requirements-dev.txt
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
 # FXFUSE_CUDA=0: the development build is CPU-only, so that make demo and make test stay fast on 2 cores
