@@ -105,6 +105,12 @@ def test_thin_linear_and_thin_conv_admit_only_what_the_full_checks_admit():
     assert checks.thin_linear(x, w, b) and checks.linear_fusable(x, w, b)
     for args in ((x, w, torch.randn(5)), (x, torch.randn(6, 7), b), (x, w.double(), b), (torch.randn(()), w, b)):
         assert not checks.thin_linear(*args)
+    assert checks.thin_linear(x, w, b, torch.ones(8), None)  # a layer norm's tensors, checked in the same pass
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not checks.thin_linear(x, w, b, torch.ones(8).as_subclass(Sub))
     x, w = torch.randn(2, 4, 6, 6), torch.randn(6, 2, 3, 3)
     geometry = checks.thin_conv(x, w, None, 1, 1, 1, 2)
     expected = checks.fusable_conv_geometry(x, w, None, 1, 1, 1, 2)

@@ -1,7 +1,7 @@
 // generic/*.cpp, module.cpp and direct_calls.cpp as one translation unit (setup.py compiles this
 // file, not those): each of them alone spends most of its compile time in the same torch headers
 // and registration templates, so together they build in a fraction of the CPU time. Glue around
-// ATen calls, compiled at -O1 (setup.py GLUE_UNITS). setup.py fails if one is missing here.
+// ATen calls, compiled at -O2 (setup.py GLUE_UNITS). setup.py fails if one is missing here.
 #include "generic/act_linear.cpp"
 #include "generic/act_linear_scale.cpp"
 #include "generic/avg_pool2d.cpp"

@@ -253,11 +253,12 @@ def thin_plain(input: Tensor, *optional: Optional[Tensor]) -> bool:
     return input.is_floating_point() and input.layout is torch.strided and not input.is_nested
 
 
-def thin_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+def thin_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], *others: Optional[Tensor]) -> bool:
     """`linear_fusable` for a call whose caller checked `quiet_modes`, in the common cases (plain tensors
-    that `thin_dtypes` admits); False sends the call to `linear_fusable`."""
+    that `thin_dtypes` admits); False sends the call to `linear_fusable`. `others`: more tensors of the
+    call that must be plain too (a layer norm's before the linear), checked in the same pass."""
     return (
-        thin_plain(input, weight, bias)
+        thin_plain(input, weight, bias, *others)
         and weight.dim() == 2
         and input.dim() >= 1
         and input.shape[-1] == weight.shape[1]

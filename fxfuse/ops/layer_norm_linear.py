@@ -35,7 +35,6 @@ from .checks import (
     plain,
     quiet_modes,
     thin_linear,
-    thin_plain,
 )
 
 __all__ = ["layer_norm_linear"]
@@ -71,8 +70,7 @@ def _thin(input, size, ln_weight, ln_bias, eps, weight, bias) -> bool:
         size is not None
         and type(eps) is float
         and not any_autocast()
-        and thin_plain(input, ln_weight, ln_bias)
-        and thin_linear(input, weight, bias)  # asks input.dim() >= 1 first
+        and thin_linear(input, weight, bias, ln_weight, ln_bias)  # asks input.dim() >= 1 first
         and input.shape[-1] == size
         and alike(input.dtype, input.device, (size,), (ln_weight, ln_bias))
     )
