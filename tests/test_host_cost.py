@@ -117,7 +117,7 @@ def _layer_sites():
 
 
 # The layer sites' Python calls beyond eager's (conv_act, linear_act, act_linear, layer_norm_linear) were
-# 21, 25, 26 and 39 before their ops' thin path (checks.thin_conv / thin_linear), now 9, 10, 11 and 3: the
+# 21, 25, 26 and 39 before their ops' thin path (checks.thin_conv / thin_linear), now 9, 10, 11 and 2: the
 # runtime function, the parameters' read, the op's wrapper and its checks around one direct call. Two
 # calls of slack each.
 EXTRA_LAYER_CALLS = {"conv_act": 11, "linear_act": 12, "act_linear": 13, "layer_norm_linear": 5}
