@@ -19,7 +19,14 @@ SETUP_JOBS ?= 2
 
 all: test
 
+# The venv takes ~6 GB (torch's CUDA wheel) and nvcc writes its temporaries to TMPDIR: a full disk
+# otherwise shows up later as a compiler's "No space left on device".
+NEED_GB ?= 8
 $(PY):
+	@for d in . "$${TMPDIR:-/tmp}"; do \
+	  free=$$(df -Pk "$$d" | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  [ "$$free" -ge $(NEED_GB) ] || echo "warning: $$free GB free in $$d; set-up needs ~$(NEED_GB) GB"; \
+	done
 	$(PYTHON) -m venv $(VENV)
 
 # What make prints stays within 100 columns: pip's version check off through its environment, and the
