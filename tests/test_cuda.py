@@ -428,3 +428,58 @@ def test_cuda_vector_and_scalar_walks_match_generic(shape, channels_last, dtype,
         want = C.bn_act_backward(dy, x, mean, var, w, b, 1e-5, act, p, True, [True, True, True])
         for i, (a, e) in enumerate(zip(got, want)):
             torch.testing.assert_close(a, e, rtol=TOL[dtype], atol=10 * TOL[dtype] if i == 0 else _sum_atol(e, dtype))
+
+
+def _captured_steps(model, x, replays):
+    """Three warm-up steps on a side stream, one train step captured in a CUDA graph, then
+    `replays` replays: the output, gradients and buffers after the last (PyTorch's whole-network
+    capture recipe: gradients set to None before capture, so the graph owns them)."""
+    static_x = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            model(static_x).square().sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = model(static_x)
+        static_out.square().sum().backward()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return static_out, [p.grad for p in model.parameters()], list(model.buffers())
+
+
+def _eager_steps(model, x, steps):
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        out = model(x)
+        out.square().sum().backward()
+    return out, [p.grad for p in model.parameters()], list(model.buffers())
+
+
+@needs_gpu
+@needs_cuda_kernels
+@pytest.mark.parametrize("mode", ["fast", "memory"])
+def test_cuda_graph_captures_an_optimized_step_and_replays_it_exactly(mode):
+    """A train step of an optimized model has no host synchronization (tests/test_host_cost.py
+    checks the CPU side), so it can be captured in a CUDA graph: replayed, it gives what eager's
+    steps give, output, every gradient and the running statistics with their counters, in
+    float64."""
+    from support.generic_peaks import EveryFamily
+
+    torch.manual_seed(0)
+    model = EveryFamily().cuda().double()
+    optimized = fxfuse.optimize(copy.deepcopy(model), mode=mode)
+    x = torch.randn(3, 3, 10, 10, device="cuda", dtype=torch.double)
+    replays = 2
+    got = _captured_steps(optimized, x, replays)
+    want = _eager_steps(model, x, 3 + replays)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-9, atol=1e-9)
+    for name, a, b in zip(("gradient", "buffer"), got[1:], want[1:]):
+        assert len(a) == len(b)
+        for i, (t, u) in enumerate(zip(a, b)):
+            torch.testing.assert_close(t, u, rtol=1e-9, atol=1e-9, msg=f"{name} {i}")
