@@ -1,6 +1,6 @@
 """Host cost: what fxfuse's calls cost the CPU beyond their kernels, against eager's layers.
 
-    python benchmarks/host_cost.py [--sites] [--steps] [--rounds 7] [--calls 200]
+    python benchmarks/host_cost.py [--sites] [--steps] [--rounds 7] [--calls 200] [--instructions]
 
 On a GPU the step waits on the host when a fused call costs more Python and dispatch than the
 eager layers it replaces (docs/gpu_results.md). Here the tensors are tiny, one thread, so kernels
@@ -15,7 +15,9 @@ cost next to nothing and what is timed is the path to them:
   and `memory_budget=0.5`, all built in this process and timed interleaved.
 
 Ratios are medians over interleaved rounds (each round times every variant once), to eager, of the
-thread's CPU time (time.thread_time).
+thread's CPU time (time.thread_time). `--instructions` counts instead the instructions each variant
+executes, under valgrind's callgrind (benchmarks/instructions.py): slower (minutes), but the same
+count whatever else the machine runs; not time, since cache misses cost time and no instructions.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
 from typing import Callable, Optional
 
+import instructions
 import torch
 import torch.nn.functional as F
 from tabulate import tabulate
@@ -36,6 +40,8 @@ from fxfuse.fusion import runtime
 
 
 def _per_call(fn: Callable[[], None], calls: int) -> float:
+    if instructions.active():  # thousands of instructions a call
+        return instructions.count(fn, calls) / 1e3
     # The thread's CPU time, not the wall clock: with one thread it is all the host spends, and other
     # processes on the machine do not count into it (they still share caches: keep the box quiet).
     start = time.thread_time()
@@ -49,7 +55,7 @@ def _rounds(variants: dict[str, Callable[[], None]], calls: int, rounds: int) ->
         for _ in range(3):
             fn()
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
+    for _ in range(1 if instructions.active() else rounds):  # a count does not vary between rounds
         for name, fn in variants.items():
             times[name].append(_per_call(fn, calls))
     return {name: statistics.median(t) for name, t in times.items()}
@@ -203,18 +209,23 @@ def main() -> None:
     parser.add_argument("--steps", action="store_true", help="only the train-step table")
     parser.add_argument("--calls", type=int, default=200, help="calls a round for sites (steps take a tenth)")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
     args = parser.parse_args()
+    if args.instructions and not instructions.active():
+        sys.exit(instructions.reexec_under_callgrind(sys.argv))
     torch.set_num_threads(1)
     both = not (args.sites or args.steps)
+    unit, step_unit = ("k instructions", "M instructions") if instructions.active() else ("µs", "ms")
     if args.sites or both:
-        print("µs a call, forward + backward, 2×8×4×4 (linear: 2×4×16), one thread")
+        print(f"{unit} a call, forward + backward, 2×8×4×4 (linear: 2×4×16), one thread")
         rows = sites(args.calls, args.rounds)
         headers = ["site", "eager", "fxfuse", "x eager", "recompute", "x (eager + recompute)"]
         print(tabulate(rows, headers=headers, tablefmt="github"))
     if args.steps or both:
-        print("\ntrain step at 2×3×16×16, NCHW, one thread: ms for eager, then each variant's ratio to it")
+        print(f"\ntrain step at 2×3×16×16, NCHW, one thread: {step_unit} for eager, then each variant's ratio")
         rows = steps(max(args.calls // 10, 5), args.rounds)
-        print(tabulate(rows, headers=["model", "eager ms", "fast", "memory", "budget 0.5"], tablefmt="github"))
+        headers = ["model", f"eager {step_unit}", "fast", "memory", "budget 0.5"]
+        print(tabulate(rows, headers=headers, tablefmt="github"))
 
 
 if __name__ == "__main__":
