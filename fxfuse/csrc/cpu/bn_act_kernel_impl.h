@@ -189,8 +189,9 @@ inline int64_t tile_rows(int64_t C) { return std::max<int64_t>(1, divup(kTileEle
 
 template <typename T>
 std::vector<T> tiled(const T* v, int64_t C, int64_t R) {
-  std::vector<T> t(static_cast<size_t>(R * C));
-  for (int64_t r = 0; r < R; ++r) std::copy(v, v + C, t.begin() + r * C);
+  std::vector<T> t;  // filled by appending: a sized vector would be zeroed first, then overwritten
+  t.reserve(static_cast<size_t>(R * C));
+  for (int64_t r = 0; r < R; ++r) t.insert(t.end(), v, v + C);
   return t;
 }
 
