@@ -122,9 +122,9 @@ inline SavedInput load_input_and(AutogradContext* ctx) {
   } else {
     result.pieces.assign(saved.begin(), saved.begin() + static_cast<std::ptrdiff_t>(count));
     result.rest.assign(saved.begin() + static_cast<std::ptrdiff_t>(count), saved.end());
-    // The dim in its negative form, as ops/cat_input.py's rebuild says why: under torch.compile
-    // AOTAutograd's CSE would otherwise merge this cat with the forward's and keep the
-    // concatenation after all.
+    // The dim in its negative form: under torch.compile, AOTAutograd's CSE would otherwise merge
+    // this cat with the forward's, and its partitioner, which does not recompute a cat, would keep
+    // the concatenation after all (tests/test_ops_cat_input.py).
     result.input = at::cat(result.pieces, 1 - result.pieces[0].dim());
   }
   return result;
