@@ -7,7 +7,8 @@ is not lost in the op's work (fxfuse::bn_act_conv: 24 arguments; cat_bn_act_conv
 `Tensor[]` of four pieces first). A kernel's cost is a call's time with grad enabled less its time
 without (the no-grad path skips the autograd Function); a call with its backward is timed whole,
 and the Python function calls its backward makes beyond those of a backward through one ATen op
-are counted (sys.setprofile). Medians of the rounds.
+are counted (sys.setprofile). Medians of the rounds, on one thread (the host's cost, without
+OpenMP's wake-ups on a loaded machine).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
+    torch.set_num_threads(1)
     op = getattr(torch.ops.fxfuse, args.op).default
     pieces = [torch.randn(2, 2, 4, 4, requires_grad=True) for _ in range(4)]
     x = torch.cat(pieces, 1) if args.op == "cat_bn_act_conv" else torch.randn(2, 8, 4, 4, requires_grad=True)
