@@ -149,6 +149,38 @@ def test_the_backward_of_a_fused_site_runs_no_python(name):
     )
 
 
+def _cat_calls():
+    """Each cat_ op (ops/cat_input.py) called on pieces of 3 and 5 channels that require grad."""
+    torch.manual_seed(0)
+    pieces = [torch.randn(2, n, 4, 4, requires_grad=True) for n in (3, 5)]
+    w, b = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    conv = torch.randn(8, 8, 3, 3, requires_grad=True)
+    stats = (torch.zeros(8), torch.ones(8))
+    bn = (w, b, *stats, True, 1e-5, "relu", 0.0)
+    geometry = ([1, 1], [1, 1], [1, 1], 1)
+    ops = torch.ops.fxfuse
+    return pieces, {
+        "cat_batch_norm_act": lambda ps, x: ops.cat_batch_norm_act(ps, x, *bn)[0],
+        "cat_conv2d": lambda ps, x: ops.cat_conv2d(ps, x, conv, None, *geometry),
+        "cat_conv_bn_act": lambda ps, x: ops.cat_conv_bn_act(ps, x, conv, None, *geometry, *bn)[0],
+        "cat_bn_act_conv": lambda ps, x: ops.cat_bn_act_conv(ps, x, *bn, conv, b, *geometry, True, *bn)[0],
+    }
+
+
+@pytest.mark.parametrize("name", list(_cat_calls()[1]))
+def test_the_backward_of_a_cat_op_runs_no_python(name):
+    # Their Autograd kernels are their base ops' C++ ones, given the pieces (csrc/autograd/function.h).
+    pieces, calls = _cat_calls()
+    x = torch.cat(pieces, 1)
+    out = calls[name](pieces, x)
+    pieces_edges = [getattr(node, "variable", None) for node, _ in out.grad_fn.next_functions[: len(pieces)]]
+    assert all(v is p for v, p in zip(pieces_edges, pieces))  # the op's own node, on the pieces
+    loss, plain = out.sum(), x.sum()
+    assert python_calls(lambda: torch.autograd.grad(loss, pieces, retain_graph=True)) == python_calls(
+        lambda: torch.autograd.grad(plain, pieces, retain_graph=True)
+    )
+
+
 @pytest.mark.parametrize("options", [{"mode": "fast"}, {"mode": "memory"}, {"memory_budget": 0.5}])
 def test_a_train_step_reads_no_device_value_on_the_host(options):
     torchvision = pytest.importorskip("torchvision")

@@ -26,7 +26,6 @@ FAMILY |= {"update_running_stats_": "running_stats", "max_pool2d_indices": "max_
 SHARED = {
     "__init__",
     "activations",
-    "autograd_kernel",
     "checks",
     "compiled",
     "direct",
@@ -38,7 +37,8 @@ SHARED = {
     "running_stats",
 }
 # The cat_ variants of four ops (their input's concatenated pieces kept instead): defined in Python over
-# the base ops' kernels and autograd, so one family named cat_input in every layer and no generic .cpp.
+# the base ops' kernels, their Autograd kernels the base ops' (csrc/autograd/<base>.cpp), so one family
+# named cat_input in every layer and no generic .cpp.
 CAT_VARIANTS = {f"cat_{base}" for base in ("batch_norm_act", "conv_bn_act", "bn_act_conv", "conv2d")}
 
 

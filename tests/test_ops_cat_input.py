@@ -274,7 +274,7 @@ def test_activation_is_applied_as_eager():
 
 def test_under_torch_compile_the_concatenation_is_not_kept(monkeypatch):
     """AOTAutograd's CSE would merge the backward's rebuilt cat with the forward's; its partitioner,
-    which does not recompute a cat, would then keep the concatenation (cat_input.rebuild)."""
+    which does not recompute a cat, would then keep the concatenation (autograd/function.h's load_input_and)."""
     monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # the cache key does not see backward code
     pieces, params, stats = _case("batch_norm_act", dtype=torch.float32)
     pieces = [p.requires_grad_() for p in pieces]

@@ -7,8 +7,8 @@
 //   cuda/*.cu         CUDA kernels (built with FXFUSE_CUDA=1),
 //   autocast/*.cpp    Autocast kernels: the casts eager autocast applies, then the op,
 //   autograd/*.cpp    every op's Autograd kernel: torch::autograd::Function, no Python per call.
-// Every fake (meta) kernel, and the Autograd kernels of the cat_ forms, are registered from
-// Python (fxfuse/ops/).
+// Every fake (meta) kernel, and the cat_ forms' schemas and kernels (over their base ops'), are
+// registered from Python (fxfuse/ops/).
 #include <Python.h>
 #include <torch/library.h>
 

@@ -2,14 +2,15 @@
 
 Each op module (`avg_pool2d`, `batch_norm_act`, `conv_bn_act`, `bn_act_conv`, `conv2d`, `conv_act`,
 `linear_act`, `act_linear`, `act_linear_scale`, `gelu`, `layer_norm_linear`,
-`conv_layer_norm_linear`, `max_pool2d`) holds its wrapper with eager semantics and eager fallback, its fake
-kernels and its autograd formula; `cat_input` the variants of four of them that take their input's
-concatenated pieces and keep those instead (cat_batch_norm_act, cat_conv_bn_act, cat_bn_act_conv,
-cat_conv2d); `checks` holds what they share, `autograd_kernel` the function that registers each
-op's autograd, `linear_common` what
+`conv_layer_norm_linear`, `max_pool2d`) holds its wrapper with eager semantics and eager fallback and
+its fake kernels (every op's Autograd kernel is C++, fxfuse/csrc/autograd/); `cat_input` the
+variants of four of them that take their input's concatenated pieces and keep those instead
+(cat_batch_norm_act, cat_conv_bn_act, cat_bn_act_conv, cat_conv2d); `checks` holds what they
+share, `higher_order` when eager's ops run instead (torch.func, forward AD), `linear_common` what
 linear_act and act_linear share, and `activations` the registry of the
 activations they apply. Importing this package loads fxfuse._C (which defines the schemas and
-the CPU and device-generic kernels) and then registers every op's fake kernels and autograd.
+the CPU and device-generic kernels and the Autograd kernels) and then registers every op's fake
+kernels.
 `rebuild` is the saved-tensor-hooks scope in which a budget rebuilds BN→activation outputs for
 the ops that keep them (not an op). `compiled` holds the opt-in ATen compositions the wrappers run
 under torch.compile; `flops`

@@ -6,8 +6,8 @@ for backward, which recomputes the normalized value and the activation input.
 
 Ops: fxfuse::bn_stats, bn_act, bn_act_backward, batch_norm_act, and the in-place
 bn_act_ / bn_act_backward_ / bn_act_backward_into_grad_ used inside conv_bn_act and
-bn_act_conv (fake kernels only: they are not differentiable). Their fake kernels and
-autograd formulas are registered here.
+bn_act_conv (fake kernels only: they are not differentiable). Their fake kernels are
+registered here; their Autograd kernels are C++ (csrc/autograd/batch_norm_act.cpp).
 """
 
 from __future__ import annotations
@@ -20,30 +20,9 @@ from torch import Tensor
 
 from . import compiled, direct, rebuild
 from .checks import apply_activation, autocast_on, check_act, fused_call, kernels_apply, stats_like
-from .higher_order import composed_gradients, differentiating, gradients_at, needed
 from .running_stats import update_running_stats
 
 __all__ = ["batch_norm_act"]
-
-
-def normalize_act(
-    input: Tensor,
-    mean: Tensor,
-    var: Tensor,
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    batch_stats: bool,
-    eps: float,
-    act: str,
-    act_param: float,
-) -> Tensor:
-    """What the fused BN(+activation) ops compute, as differentiable eager ops that update no
-    running statistics: on the batch's statistics, or on `mean` / `var` (constants)."""
-    if batch_stats:
-        out = F.batch_norm(input, None, None, weight, bias, True, 0.0, eps)
-    else:
-        out = F.batch_norm(input, mean.detach(), var.detach(), weight, bias, False, 0.0, eps)
-    return apply_activation(out, act, act_param)
 
 
 def batch_ok(count: int, training: bool) -> bool:
@@ -196,46 +175,9 @@ def _batch_norm_act_fake(input, weight, bias, running_mean, running_var, batch_s
     return torch.empty_like(input), stats_like(input), stats_like(input), stats_like(input)
 
 
-# --------------------------------------------------------------------------- autograd
-
-
-def _batch_norm_act_setup(ctx, inputs, output):
-    input, weight, bias, running_mean, running_var, batch_stats, eps, act, act_param = inputs
-    _, mean, var, _ = output
-    # Only the BN input and the per-channel statistics are kept; the normalized
-    # value and the activation input are recomputed in backward.
-    ctx.save_for_backward(input, mean, var, weight, bias)
-    ctx.config = (batch_stats, eps, act, act_param)
-
-
-def _gradients(ctx, grad_out, positions: tuple, count: int):
-    """Gradients of input, weight and bias (at `positions` of the op's `count` arguments) of what
-    the setup above saved."""
-    input, mean, var, weight, bias = ctx.saved_tensors
-    batch_stats, eps, act, act_param = ctx.config
-    mask = needed(ctx, positions)
-    if differentiating(grad_out, input, weight, bias):
-        grads = composed_gradients(
-            lambda x, w, b: normalize_act(x, mean, var, w, b, batch_stats, eps, act, act_param),
-            (input, weight, bias),
-            mask,
-            grad_out,
-        )
-    else:
-        grads = torch.ops.fxfuse.bn_act_backward(
-            grad_out, input, mean, var, weight, bias, eps, act, act_param, batch_stats, mask
-        )
-    return gradients_at(positions, grads, count)
-
-
-def _batch_norm_act_bwd(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
-    return _gradients(ctx, grad_out, (0, 1, 2), 9)
-
-
 def register() -> None:
-    """Fake kernels of this module's ops and bn_act's autograd (fxfuse._C defines the ops and batch_norm_act's
-    Autograd kernel, csrc/autograd/batch_norm_act.cpp; `_batch_norm_act_setup` / `_batch_norm_act_bwd` here are
-    cat_batch_norm_act's: ops/cat_input.py)."""
+    """Fake kernels of this module's ops (fxfuse._C defines the ops and their Autograd kernels,
+    csrc/autograd/batch_norm_act.cpp)."""
     for name, fake in (
         ("bn_stats", _bn_stats_fake),
         ("bn_act", _bn_act_fake),

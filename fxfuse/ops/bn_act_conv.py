@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled, direct
-from .batch_norm_act import batch_norm_act, normalize_act
+from .batch_norm_act import batch_norm_act
 from .checks import (
     _AUTOCAST_CASTS,
     AUTOCAST_DEVICES,
@@ -45,7 +45,6 @@ from .checks import (
     stats_like,
 )
 from .conv_bn_act import conv_bn_act
-from .higher_order import composed_gradients, differentiating, gradients_at, needed
 from .running_stats import update_running_stats
 
 __all__ = ["bn_act_conv"]
@@ -302,58 +301,9 @@ def _bn_act_conv_backward_fake(
     )
 
 
-# --------------------------------------------------------------------------- cat_bn_act_conv's autograd
-# (ops/cat_input.py); bn_act_conv's own is csrc/autograd/bn_act_conv.cpp, the same formula in C++.
-
-# Positions in the op's arguments of the tensors bn_act_conv_backward returns gradients for:
-# input, in_weight, in_bias, weight, bias, bn_weight, bn_bias.
-_GRAD_ARGS = (0, 1, 2, 9, 10, 16, 17)
-
-
-def _setup(ctx, inputs, output):
-    (
-        input, in_weight, in_bias, _in_running_mean, _in_running_var, in_batch_stats, in_eps, in_act, in_act_param,
-        weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, _running_mean, _running_var,
-        batch_stats, eps, act, act_param,
-    ) = inputs  # fmt: skip
-    _, in_mean, in_var, _, mean, var, _ = output
-    # The BN input, weights and per-channel statistics: the activation output and (with the
-    # epilogue) the conv output are rebuilt in backward.
-    ctx.save_for_backward(input, in_weight, in_bias, in_mean, in_var, weight, bias, bn_weight, bn_bias, mean, var)
-    ctx.config = (
-        in_batch_stats, in_eps, in_act, in_act_param, stride, padding, dilation, groups, epilogue, batch_stats,
-        eps, act, act_param,
-    )  # fmt: skip
-
-
-def _backward(ctx, grad_out, *_grad_stats):
-    input, in_weight, in_bias, in_mean, in_var, weight, bias, bn_weight, bn_bias, mean, var = ctx.saved_tensors
-    (
-        in_batch_stats, in_eps, in_act, in_act_param, stride, padding, dilation, groups, epilogue, batch_stats,
-        eps, act, act_param,
-    ) = ctx.config  # fmt: skip
-    mask = needed(ctx, _GRAD_ARGS)
-    if differentiating(grad_out, input, in_weight, in_bias, weight, bias, bn_weight, bn_bias):
-
-        def compose(x, in_w, in_b, w, b, bn_w, bn_b):
-            x = normalize_act(x, in_mean, in_var, in_w, in_b, in_batch_stats, in_eps, in_act, in_act_param)
-            y = F.conv2d(x, w, b, stride, padding, dilation, groups)
-            return normalize_act(y, mean, var, bn_w, bn_b, batch_stats, eps, act, act_param) if epilogue else y
-
-        tensors = (input, in_weight, in_bias, weight, bias, bn_weight, bn_bias)
-        grads = composed_gradients(compose, tensors, mask, grad_out)
-    else:
-        grads = torch.ops.fxfuse.bn_act_conv_backward(
-            grad_out, input, in_weight, in_bias, in_mean, in_var, in_batch_stats, in_eps, in_act, in_act_param,
-            weight, bias, stride, padding, dilation, groups, epilogue, bn_weight, bn_bias, mean, var, batch_stats,
-            eps, act, act_param, mask,
-        )  # fmt: skip
-    return gradients_at(_GRAD_ARGS, grads, 24)
-
-
 def register() -> None:
     """Fake kernels of this module's ops (fxfuse._C defines the ops and bn_act_conv's Autograd kernel,
-    csrc/autograd/bn_act_conv.cpp; `_setup` / `_backward` here are cat_bn_act_conv's: ops/cat_input.py; FLOPs:
+    csrc/autograd/bn_act_conv.cpp, which serves cat_bn_act_conv too; FLOPs:
     ops/flops.py)."""
     torch.library.register_fake("fxfuse::bn_act_conv", _bn_act_conv_fake)
     torch.library.register_fake("fxfuse::bn_act_conv_backward", _bn_act_conv_backward_fake)

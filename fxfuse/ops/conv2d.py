@@ -17,7 +17,6 @@ torch.autocast the op's Autocast kernel casts as eager autocast casts F.conv2d.
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Sequence, Union
 
 import torch
@@ -26,7 +25,6 @@ from torch import Tensor
 
 from . import compiled
 from .checks import IntPair, conv_backward_meta, conv_meta, fusable_conv_geometry, fused_call
-from .higher_order import composed_gradients, differentiating, gradients_at, needed
 
 __all__ = ["conv2d"]
 
@@ -62,30 +60,7 @@ def _conv2d_backward_fake(grad_out, input, weight, bias, stride, padding, dilati
     return conv_backward_meta(input, weight, bias, stride, padding, dilation, groups, output_mask)
 
 
-def _conv2d(input, weight, bias, *, config):
-    return F.conv2d(input, weight, bias, *config)
-
-
-# The autograd formula of cat_conv2d (ops/cat_input.py), whose pieces stand for the input; conv2d's
-# own Autograd kernel is C++ (csrc/autograd/conv2d.cpp) with the same saved tensors and gradients.
-def _setup(ctx, inputs, output):
-    input, weight, bias, stride, padding, dilation, groups = inputs
-    ctx.save_for_backward(input, weight, bias)
-    ctx.config = (stride, padding, dilation, groups)
-
-
-def _backward(ctx, grad_out):
-    input, weight, bias = ctx.saved_tensors
-    mask = needed(ctx, (0, 1, 2))
-    if differentiating(grad_out, input, weight, bias):
-        conv = functools.partial(_conv2d, config=ctx.config)
-        grads = composed_gradients(conv, (input, weight, bias), mask, grad_out)
-    else:
-        grads = torch.ops.fxfuse.conv2d_backward(grad_out, input, weight, bias, *ctx.config, mask)
-    return gradients_at((0, 1, 2), grads, 7)
-
-
 def register() -> None:
-    """Fake kernels of conv2d (fxfuse._C defines the ops and conv2d's Autograd kernel)."""
+    """Fake kernels of conv2d (fxfuse._C defines the ops and the Autograd kernels of conv2d and cat_conv2d)."""
     torch.library.register_fake("fxfuse::conv2d", _conv2d_fake)
     torch.library.register_fake("fxfuse::conv2d_backward", _conv2d_backward_fake)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import compiled, direct
-from .batch_norm_act import batch_ok, normalize_act
+from .batch_norm_act import batch_ok
 from .checks import (
     IntPair,
     apply_activation,
@@ -32,7 +32,6 @@ from .checks import (
     layer_kernels_apply,
     stats_like,
 )
-from .higher_order import composed_gradients, differentiating, gradients_at, needed
 from .running_stats import update_running_stats
 
 __all__ = ["conv_bn_act"]
@@ -167,42 +166,8 @@ def _conv_bn_act_backward_fake(
     )
 
 
-# Positions in the op's arguments of the tensors conv_bn_act_backward returns gradients for:
-# input, weight, bias, bn_weight, bn_bias.
-_GRAD_ARGS = (0, 1, 2, 7, 8)
-
-
-def _setup(ctx, inputs, output):
-    (
-        input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, _running_mean, _running_var,
-        batch_stats, eps, act, act_param,
-    ) = inputs  # fmt: skip
-    _, mean, var, _ = output
-    ctx.save_for_backward(input, weight, bias, bn_weight, bn_bias, mean, var)
-    ctx.config = (stride, padding, dilation, groups, batch_stats, eps, act, act_param)
-
-
-def _backward(ctx, grad_out, _grad_mean, _grad_var, _grad_unbiased_var):
-    input, weight, bias, bn_weight, bn_bias, mean, var = ctx.saved_tensors
-    stride, padding, dilation, groups, batch_stats, eps, act, act_param = ctx.config
-    mask = needed(ctx, _GRAD_ARGS)
-    if differentiating(grad_out, input, weight, bias, bn_weight, bn_bias):
-
-        def compose(x, w, b, bn_w, bn_b):
-            y = F.conv2d(x, w, b, stride, padding, dilation, groups)
-            return normalize_act(y, mean, var, bn_w, bn_b, batch_stats, eps, act, act_param)
-
-        grads = composed_gradients(compose, (input, weight, bias, bn_weight, bn_bias), mask, grad_out)
-    else:
-        grads = torch.ops.fxfuse.conv_bn_act_backward(
-            grad_out, input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, mean, var,
-            batch_stats, eps, act, act_param, mask,
-        )  # fmt: skip
-    return gradients_at(_GRAD_ARGS, grads, 15)
-
-
 def register() -> None:
-    """Fake kernels of this module's ops (fxfuse._C defines the ops and conv_bn_act's Autograd kernel,
-    csrc/autograd/conv_bn_act.cpp; `_setup` / `_backward` here are cat_conv_bn_act's: ops/cat_input.py)."""
+    """Fake kernels of this module's ops (fxfuse._C defines the ops and the Autograd kernels of conv_bn_act and
+    cat_conv_bn_act, csrc/autograd/conv_bn_act.cpp)."""
     torch.library.register_fake("fxfuse::conv_bn_act", _conv_bn_act_fake)
     torch.library.register_fake("fxfuse::conv_bn_act_backward", _conv_bn_act_backward_fake)

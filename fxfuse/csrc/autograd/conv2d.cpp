@@ -1,5 +1,5 @@
-// Autograd kernel of fxfuse::conv2d: keeps input, weight and bias, as eager's convolution
-// does; its backward is fxfuse::conv2d_backward.
+// Autograd kernels of fxfuse::conv2d and fxfuse::cat_conv2d: keep input (or its pieces), weight
+// and bias, as eager's convolution does; the backward is fxfuse::conv2d_backward.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/conv2d.h>
 #include <torch/library.h>
@@ -15,9 +15,9 @@ using autograd::variable_list;
 
 struct Conv2d : public torch::autograd::Function<Conv2d> {
   static at::Tensor forward(
-      AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-      const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
-      at::IntArrayRef dilation, int64_t groups) {
+      AutogradContext* ctx, at::TensorList pieces, const at::Tensor& input,
+      const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+      at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("fxfuse::conv2d", "")
                          .typed<decltype(conv2d_generic)>();
@@ -25,10 +25,18 @@ struct Conv2d : public torch::autograd::Function<Conv2d> {
     at::Tensor out;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
-      out = op.call(input, weight, bias, stride, padding, dilation, groups);
+      if (pieces.empty()) {
+        out = op.call(input, weight, bias, stride, padding, dilation, groups);
+      } else {
+        static auto cat_op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("fxfuse::cat_conv2d", "")
+                                 .typed<autograd::WithPieces<decltype(conv2d_generic)>::type>();
+        out = cat_op.call(pieces, input, weight, bias, stride, padding, dilation, groups);
+      }
     }
-    ctx->save_for_backward({input, weight, autograd::value(bias)});
-    ctx->saved_data["edges"] = autograd::edges({true, true, autograd::value(bias).defined()});
+    autograd::save_input_and(ctx, pieces, input, {weight, autograd::value(bias)});
+    ctx->saved_data["edges"] =
+        autograd::edges({true, true, autograd::value(bias).defined()}, pieces.size());
     autograd::save_conv(ctx, stride, padding, dilation, groups);
     return out;
   }
@@ -39,11 +47,12 @@ struct Conv2d : public torch::autograd::Function<Conv2d> {
                                   .typed<decltype(conv2d_backward_generic)>();
     constexpr size_t kArgs = 7;
     const at::Tensor& grad_out = grads[0];
-    if (!grad_out.defined()) return variable_list(kArgs);
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &input = saved[0], &weight = saved[1], &bias = saved[2];
+    if (!grad_out.defined()) return autograd::no_gradients(ctx, kArgs);
+    const auto saved = autograd::load_input_and(ctx);
+    const at::Tensor &input = saved.input, &weight = saved.rest[0], &bias = saved.rest[1];
     const auto conv = autograd::load_conv(ctx);
-    const auto need = autograd::needed(ctx, {0, 1, 2});
+    auto need = autograd::needed(ctx, {0, 1, 2});
+    need[0] = autograd::input_needed(ctx, saved.pieces, need[0]);
     variable_list result;
     if (autograd::differentiating({grad_out, input, weight, bias})) {
       result = autograd::composed_gradients(
@@ -60,20 +69,29 @@ struct Conv2d : public torch::autograd::Function<Conv2d> {
           conv.dilation, conv.groups, {need[0], need[1], need[2]});
       result = {gi, gw, gb};
     }
-    return autograd::gradients_at({0, 1, 2}, result, kArgs);
+    return autograd::input_gradients_at(ctx, saved.pieces, {0, 1, 2}, result, kArgs);
   }
 };
 
 at::Tensor conv2d_autograd(
     const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  return Conv2d::apply(input, weight, bias, stride, padding, dilation, groups);
+  return Conv2d::apply(at::TensorList(), input, weight, bias, stride, padding, dilation, groups);
+}
+
+at::Tensor cat_conv2d_autograd(
+    at::TensorList pieces, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, int64_t groups) {
+  return Conv2d::apply(
+      autograd::pieces_of(pieces), input, weight, bias, stride, padding, dilation, groups);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fxfuse, Autograd, m) {
   m.impl("conv2d", &conv2d_autograd);
+  m.impl("cat_conv2d", &cat_conv2d_autograd);
 }
 
 }  // namespace fxfuse

@@ -6,11 +6,18 @@
 // (create_graph=True) and something backward reads requires grad, backward instead recomputes
 // the op as eager ATen ops from what it saved and differentiates that with create_graph: eager's
 // own formulas through any order (fxfuse/ops/higher_order.py says why).
+//
+// batch_norm_act, conv_bn_act, bn_act_conv and conv2d's Functions also serve their cat_ variants
+// (fxfuse/ops/cat_input.py): given `pieces`, the tensors whose concatenation along dim 1 is the
+// op's input (its argument 0), the Function keeps the pieces in place of the input, concatenates
+// them again in backward and gives each piece its slice of the input's gradient, as eager's cat
+// backward does; the input itself gets none. With no pieces it is the op's own.
 #pragma once
 
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/batch_norm.h>
+#include <ATen/ops/cat.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -44,10 +51,10 @@ inline std::optional<at::Tensor> optional(const at::Tensor& t) {
 
 // Autograd numbers a Function's edges over its defined tensor arguments only. `Edges` maps the
 // op's tensor arguments, in order, to those numbers (-1: not given), and is kept in
-// ctx->saved_data as a list.
-inline std::vector<int64_t> edges(std::initializer_list<bool> defined) {
+// ctx->saved_data as a list. A cat_ variant's pieces come first: edges 0 to `pieces` - 1.
+inline std::vector<int64_t> edges(std::initializer_list<bool> defined, size_t pieces = 0) {
   std::vector<int64_t> result;
-  int64_t next = 0;
+  auto next = static_cast<int64_t>(pieces);
   for (bool d : defined) result.push_back(d ? next++ : -1);
   return result;
 }
@@ -60,6 +67,65 @@ inline std::vector<bool> needed(AutogradContext* ctx, std::initializer_list<int>
   for (int p : positions) {
     const int64_t e = edge_of[p];
     result.push_back(e >= 0 && ctx->needs_input_grad(static_cast<size_t>(e)));
+  }
+  return result;
+}
+
+// The signature of fxfuse::cat_<op>: <op>'s, `Fn`, with the pieces first.
+template <class Fn>
+struct WithPieces;
+template <class R, class... Args>
+struct WithPieces<R(Args...)> {
+  using type = R(at::TensorList, Args...);
+};
+
+// A cat_ variant's pieces: with none the Function would be the op's own (the op's kernel,
+// ops/cat_input.py's check_pieces, checks the rest).
+inline at::TensorList pieces_of(at::TensorList pieces) {
+  TORCH_CHECK(!pieces.empty(), "fxfuse::cat_*: expected at least one piece");
+  return pieces;
+}
+
+// What a Function keeps for backward: its input, or a cat_ variant's pieces in its place, then
+// `rest`.
+inline void save_input_and(
+    AutogradContext* ctx, at::TensorList pieces, const at::Tensor& input,
+    std::initializer_list<at::Tensor> rest) {
+  variable_list saved;
+  saved.reserve(pieces.size() + 1 + rest.size());
+  if (pieces.empty()) {
+    saved.push_back(input);
+  } else {
+    saved.insert(saved.end(), pieces.begin(), pieces.end());
+  }
+  saved.insert(saved.end(), rest.begin(), rest.end());
+  ctx->save_for_backward(saved);
+  ctx->saved_data["pieces"] = static_cast<int64_t>(pieces.size());
+}
+
+// What save_input_and kept: the input (the pieces concatenated again: the same values in the
+// same layout, differentiable in the pieces when backward runs for a graph of its own), the
+// pieces and the rest.
+struct SavedInput {
+  at::Tensor input;
+  variable_list pieces;
+  variable_list rest;
+};
+
+inline SavedInput load_input_and(AutogradContext* ctx) {
+  auto saved = ctx->get_saved_variables();
+  const auto count = static_cast<size_t>(ctx->saved_data["pieces"].toInt());
+  SavedInput result;
+  if (count == 0) {
+    result.input = saved[0];
+    result.rest.assign(saved.begin() + 1, saved.end());
+  } else {
+    result.pieces.assign(saved.begin(), saved.begin() + static_cast<std::ptrdiff_t>(count));
+    result.rest.assign(saved.begin() + static_cast<std::ptrdiff_t>(count), saved.end());
+    // The dim in its negative form: under torch.compile, AOTAutograd's CSE would otherwise merge
+    // this cat with the forward's, and its partitioner, which does not recompute a cat, would keep
+    // the concatenation after all (tests/test_ops_cat_input.py).
+    result.input = at::cat(result.pieces, 1 - result.pieces[0].dim());
   }
   return result;
 }
@@ -149,6 +215,45 @@ inline variable_list gradients_at(
   variable_list result(count);
   size_t k = 0;
   for (int p : positions) result[p] = grads[k++];
+  return result;
+}
+
+// What a backward returns when no gradient reached it: none for each of the op's `count`
+// arguments and a cat_ variant's pieces.
+inline variable_list no_gradients(AutogradContext* ctx, size_t count) {
+  return variable_list(count + static_cast<size_t>(ctx->saved_data["pieces"].toInt()));
+}
+
+// Whether the input's gradient is needed, `need` (needed's answer for argument 0), or for a
+// cat_ variant whether a piece's is: its input argument gets no gradient.
+inline bool input_needed(AutogradContext* ctx, const variable_list& pieces, bool need) {
+  if (pieces.empty()) return need;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (ctx->needs_input_grad(i)) return true;
+  }
+  return false;
+}
+
+// gradients_at's answer for an op whose input (argument 0) may be a cat_ variant's pieces:
+// each piece that needs one gets its slice of the input's gradient along dim 1 (undefined
+// where none was computed), ahead of the op's arguments; the input argument gets none.
+inline variable_list input_gradients_at(
+    AutogradContext* ctx, const variable_list& pieces, std::initializer_list<int> positions,
+    const variable_list& grads, size_t count) {
+  variable_list result = gradients_at(positions, grads, count);
+  if (pieces.empty()) return result;
+  const at::Tensor grad_input = std::move(result[0]);
+  result[0] = at::Tensor();
+  variable_list piece_grads(pieces.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const int64_t size = pieces[i].size(1);
+    if (grad_input.defined() && ctx->needs_input_grad(i)) {
+      piece_grads[i] = grad_input.narrow(1, offset, size);
+    }
+    offset += size;
+  }
+  result.insert(result.begin(), piece_grads.begin(), piece_grads.end());
   return result;
 }
 
