@@ -8,8 +8,9 @@ DEMO_DEPS := $(VENV)/.demo-deps-installed
 DEPS   := $(VENV)/.deps-installed
 BUILT  := $(VENV)/.fxfuse-built
 CSRC   := $(shell find fxfuse/csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu')
-# make test runs pytest-xdist with one worker per core (PYTEST_ARGS="-n 0" runs it in one process).
-PYTEST_XDIST ?= -n 2 --dist loadscope
+# make test runs pytest-xdist with one worker per core (PYTEST_ARGS="-n 0" runs it in one process), each
+# test module on one worker, the slowest modules first (tests/conftest.py's SLOWEST_FIRST).
+PYTEST_XDIST ?= -n 2 --dist loadscope --no-loadscope-reorder
 PYTEST_ARGS ?=
 # make test prepares in parallel what does not depend on each other (the test dependencies' pip, the C++
 # build, cuda-check's nvcc, lint): SETUP_JOBS=1 to run one at a time.

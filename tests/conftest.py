@@ -33,6 +33,38 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+# The modules that take longest under `make test`, longest first (a whole run's --durations, 2026-11-28).
+# Under `--dist loadscope --no-loadscope-reorder` (the Makefile's PYTEST_XDIST) each worker takes the next
+# module in collection order when it runs low: these start first, and the many short modules fill in at
+# the end. xdist's own order (most tests first) started test_cpu_capabilities' one long test, the
+# FSDP2 tests and the wild zoo among the last, leaving one worker idle while the other finished them.
+SLOWEST_FIRST = (
+    "test_policy.py",
+    "test_wild_zoo.py",
+    "test_bench.py",
+    "test_compile.py",
+    "test_gpu_check.py",
+    "test_verify.py",
+    "test_zoo.py",
+    "test_budget_floor.py",
+    "test_cpu_capabilities.py",
+    "test_audit_zoo.py",
+    "test_user_checkpoint.py",
+    "test_fsdp2.py",
+    "test_generic_path.py",
+    "test_cpu_probe.py",
+    "test_accuracy.py",
+    "test_cpu_kernel_build.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    """SLOWEST_FIRST's modules first, each module's tests in their own order, the rest as collected (a
+    stable sort: every worker collects the same order, which xdist checks)."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _freeze_survivors():
     """Each module starts with what earlier ones left alive moved out of the collector's sight

@@ -188,44 +188,88 @@ SLACK = 4096  # per-channel vectors (statistics, invstd, parameter gradients) of
 
 # The peaks are measured in a fresh process: ATen's CPU kernels allocate differently once other
 # tests have run in this one (seen after the model test above: +115 KiB on eager-identical
-# conv_bn_act[silu] calls), which would make the comparison depend on the test order.
+# conv_bn_act[silu] calls), which would make the comparison depend on the test order. One process
+# imports torch and fxfuse (~4 s) and forks a child for each dtype and layout: each measures from
+# the state that import left, as a process of its own would.
 _MEASURE = """
-import json, sys, torch
+import json, os, sys, traceback, torch
 sys.path.insert(0, {tests!r})
 from support import generic_peaks as gp
 from fxfuse.ops import generic_path
 torch.set_num_threads(1)
-rows = []
-if {steps}:
-    for case in gp.step_cases({dtype}, {cl}, size=16):
-        eager = gp.measure_step(case.eager, case.leaves, case.dy)
-        with generic_path():
-            generic = gp.measure_step(case.fused, case.leaves, case.dy)
-        kernels = gp.measure_step(case.fused, case.leaves, case.dy)
-        scratch = gp.matmul_scratch(case.recomputed_matmul)
-        rows.append((case.name, [vars(u) for u in (eager, generic, kernels)], scratch))
-else:
-    for case in gp.call_cases({dtype}, {cl}, size=16):
-        eager = gp.measure_call(case.eager)
-        with generic_path():
-            generic = gp.measure_call(case.fused)
-        rows.append((case.name, [eager, generic]))
-print(json.dumps(rows))
+
+def measure(dtype, cl):
+    rows = []
+    if {steps}:
+        for case in gp.step_cases(dtype, cl, size=16):
+            eager = gp.measure_step(case.eager, case.leaves, case.dy)
+            with generic_path():
+                generic = gp.measure_step(case.fused, case.leaves, case.dy)
+            kernels = gp.measure_step(case.fused, case.leaves, case.dy)
+            scratch = gp.matmul_scratch(case.recomputed_matmul)
+            rows.append((case.name, [vars(u) for u in (eager, generic, kernels)], scratch))
+    else:
+        for case in gp.call_cases(dtype, cl, size=16):
+            eager = gp.measure_call(case.eager)
+            with generic_path():
+                generic = gp.measure_call(case.fused)
+            rows.append((case.name, [eager, generic]))
+    return rows
+
+results = {{}}
+for dtype in {dtypes!r}:
+    for cl in (False, True):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child never returns to this loop
+            os.close(read)
+            try:
+                with os.fdopen(write, "w") as out:
+                    out.write(json.dumps(measure(getattr(torch, dtype.removeprefix("torch.")), cl)))
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as got:
+            text = got.read()
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            sys.exit(f"{{dtype}} channels_last={{cl}}: the measuring child ended with wait status {{status}}")
+        results[f"{{dtype}} {{cl}}"] = json.loads(text)
+print(json.dumps(results))
 """
 
 
-def _measure(steps: bool, channels_last: bool, dtype: str = "torch.float32"):
-    code = _MEASURE.format(tests=str(Path(__file__).parent), steps=steps, cl=channels_last, dtype=dtype)
+def _measure(steps: bool, dtypes: list[str]) -> dict[tuple[bool, str], list]:
+    """{(channels_last, dtype): rows} for each dtype in both layouts."""
+    code = _MEASURE.format(tests=str(Path(__file__).parent), steps=steps, dtypes=dtypes)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    return {(key.split()[1] == "True", key.split()[0]): rows for key, rows in results.items()}
 
 
-@pytest.mark.parametrize("dtype", ["torch.float32", "torch.float64", "torch.bfloat16"])
+STEP_DTYPES = ["torch.float32", "torch.float64", "torch.bfloat16"]
+CALL_DTYPES = [*STEP_DTYPES, "torch.float16"]
+
+
+@pytest.fixture(scope="module")
+def step_usage():
+    return _measure(True, STEP_DTYPES)
+
+
+@pytest.fixture(scope="module")
+def call_usage():
+    return _measure(False, CALL_DTYPES)
+
+
+@pytest.mark.parametrize("dtype", STEP_DTYPES)
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
-def test_each_op_family_holds_no_more_than_eager(channels_last, dtype):
+def test_each_op_family_holds_no_more_than_eager(channels_last, dtype, step_usage):
     over = []
-    for name, (eager, generic, kernels), scratch in _measure(True, channels_last, dtype):
+    for name, (eager, generic, kernels), scratch in step_usage[channels_last, dtype]:
         # A recomputed matmul may need ATen's scratch again (a float32 accumulator for bfloat16 on CPUs
         # without native bfloat16 matmuls): measured here, zero elsewhere.
         if (
@@ -238,8 +282,8 @@ def test_each_op_family_holds_no_more_than_eager(channels_last, dtype):
     assert not over, over
 
 
-@pytest.mark.parametrize("dtype", ["torch.float32", "torch.float64", "torch.bfloat16", "torch.float16"])
+@pytest.mark.parametrize("dtype", CALL_DTYPES)
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
-def test_primitive_ops_hold_no_more_than_eager(dtype, channels_last):
-    for name, (eager, generic) in _measure(False, channels_last, dtype):
+def test_primitive_ops_hold_no_more_than_eager(dtype, channels_last, call_usage):
+    for name, (eager, generic) in call_usage[channels_last, dtype]:
         assert generic <= eager + SLACK, (name, generic, eager)

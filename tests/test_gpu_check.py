@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from support.threads import intra_op_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -187,8 +188,17 @@ def test_fit_dry_run_gives_the_largest_batch_and_time_per_sample(tmp_path):
     assert eager["ms_per_sample"] > 0 and memory["time_per_sample_x"] > 0
 
 
+def _out_of_time_speed(out):
+    """A speed dry run with no time left, in this process: it measures nothing, so a process of its own
+    would only import torch again (the dry runs above take the command line's path)."""
+    gpu_check = _gpu_check_module()
+    args = ["speed", "--budget-s", "0", "--models", "resnet50", "--precisions", "bf16", "--dry-run"]
+    with intra_op_threads(torch.get_num_threads()):  # a dry run pins one intra-op thread
+        gpu_check.speed(gpu_check.parse_args([*args, "--out", str(out)]))
+
+
 def test_a_phase_out_of_time_skips_each_measurement_with_a_line_and_still_writes_its_table(tmp_path):
-    _dry_run(tmp_path, "speed", "--budget-s", "0", "--models", "resnet50", "--precisions", "bf16")
+    _out_of_time_speed(tmp_path)
     assert json.loads((tmp_path / "speed.json").read_text()) == []
     notes = (tmp_path / "speed.md").read_text()
     assert "skipped resnet50 bf16 batch 4 eager: 0 s of the phase's budget left" in notes
@@ -202,7 +212,7 @@ def test_a_phase_out_of_time_skips_each_measurement_with_a_line_and_still_writes
         {**first, "variant": "fast", "bench_variant": "fast", "step_ms": 3.0, "saved_bytes": 5, "source": "measured"},
     ]
     (tmp_path / "speed.json").write_text(json.dumps([{**r, "card": card} for r in rows]))
-    _dry_run(tmp_path, "speed", "--budget-s", "0", "--models", "resnet50", "--precisions", "bf16")
+    _out_of_time_speed(tmp_path)
     eager, fast = json.loads((tmp_path / "speed.json").read_text())
     assert (eager["variant"], eager["time_x"], eager["source"]) == ("eager", 1.0, "speed.json")
     assert (fast["variant"], fast["time_x"], fast["saved_x"]) == ("fast", 1.5, 0.5)

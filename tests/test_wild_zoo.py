@@ -7,12 +7,13 @@ plus eval (every parameter, gradient, buffer and output), with >= 95% of its exi
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import pytest
 import torch
-from support.conv_bn_sites import coverage, existing_sites
+from support.conv_bn_sites import Census, coverage, existing_sites
 from support.threads import intra_op_threads
-from support.wild_zoo import BY_NAME, WILD
+from support.wild_zoo import BY_NAME, WILD, WildModel
 from torch import nn
 
 import fxfuse
@@ -53,13 +54,46 @@ def _build(name):
     return entry, entry.build().train()
 
 
+# Models whose capture needs the input's shapes: optimized without example inputs too.
+SHAPE_DEPENDENT = ("hf_mobilenet_v2_tf_padding", "yolov8n")
+
+
+@dataclass
+class Optimized:
+    """A model, its example input, its census of Conv→BN sites and `optimize(copy, (x,))`: made once per
+    module for SHAPE_DEPENDENT's models, which two tests read (assert_equivalent compares deep copies)."""
+
+    entry: WildModel
+    model: nn.Module
+    x: torch.Tensor
+    census: Census
+    optimized: nn.Module
+
+
+@pytest.fixture(scope="module")
+def optimized_with_inputs():
+    made: dict[str, Optimized] = {}
+
+    def get(name: str) -> Optimized:
+        if name in made:
+            return made[name]
+        entry, model = _build(name)
+        x = entry.example_input()
+        census = existing_sites(model, (x,))
+        result = Optimized(entry, model, x, census, fxfuse.optimize(copy.deepcopy(model), (x,)))
+        if name in SHAPE_DEPENDENT:
+            made[name] = result
+        return result
+
+    yield get
+    made.clear()
+
+
 @pytest.mark.usefixtures("single_thread")
 @pytest.mark.parametrize("name", list(_params()))
-def test_wild_model_is_covered_and_exact(name):
-    entry, model = _build(name)
-    x = entry.example_input()
-    census = existing_sites(model, (x,))
-    optimized = fxfuse.optimize(copy.deepcopy(model), (x,))
+def test_wild_model_is_covered_and_exact(name, optimized_with_inputs):
+    made = optimized_with_inputs(name)
+    model, x, census, optimized = made.model, made.x, made.census, made.optimized
     cov = coverage(census.sites, optimized.fxfuse_report)
     assert bool(census.sites) == (name not in NO_CONV_BN), census
     assert len(cov.fused) >= 0.95 * len(census.sites), cov.reasons()
@@ -70,21 +104,20 @@ def test_wild_model_is_covered_and_exact(name):
 
 
 @pytest.mark.usefixtures("single_thread")
-@pytest.mark.parametrize("name", ["hf_mobilenet_v2_tf_padding", "yolov8n"])
-def test_without_example_inputs_the_first_call_fuses_as_with_them(name):
+@pytest.mark.parametrize("name", SHAPE_DEPENDENT)
+def test_without_example_inputs_the_first_call_fuses_as_with_them(name, optimized_with_inputs):
     """Their capture needs the input's shapes (TF padding; C2f iterating `chunk`): optimize(model) captures
     them at the first call (fusion/roots.py) and fuses every site optimize(model, x) fuses (issue 56 §4)."""
-    entry, model = _build(name)
-    x = entry.example_input()
+    made = optimized_with_inputs(name)
+    model, x = made.model, made.x
     optimized = fxfuse.optimize(copy.deepcopy(model))
     assert not optimized.fxfuse_report.fused and "at its first call" in optimized.fxfuse_report.notes[0]
     assert_equivalent(model, optimized, x, dtype=torch.float64)  # a copy of it, captured at its first call
     with torch.no_grad():
         optimized(x)
-    with_inputs = fxfuse.optimize(copy.deepcopy(model), (x,)).fxfuse_report
+    with_inputs = made.optimized.fxfuse_report
     assert [s.modules for s in optimized.fxfuse_report.fused] == [s.modules for s in with_inputs.fused]
-    census = existing_sites(model, (x,))
-    assert len(coverage(census.sites, optimized.fxfuse_report).fused) == len(census.sites)
+    assert len(coverage(made.census.sites, optimized.fxfuse_report).fused) == len(made.census.sites)
 
 
 class AtThreads(nn.Module):
@@ -142,8 +175,11 @@ def test_yolov8n_train_mode_meets_a_memory_budget_of_0_3():
 @pytest.mark.parametrize(
     "budget, taken",
     [
-        (0.3, "rebuild"),  # the stem's blocks, and BN→activation outputs rebuilt for the ops that keep them
+        (0.25, "rebuild"),  # the stem's blocks, and BN→activation outputs rebuilt for the ops that keep them
         (0.2, "inner"),  # regions inside blocks: `model.15.m.0`, a bottleneck of a C2f block
+        # 0.25's plan less a block and a link; planning it counts the step peak of every longer prefix (none
+        # is as low as a looser budget's, which the report says): ~6× 0.25's time, so make zoo runs it.
+        pytest.param(0.3, "rebuild", marks=pytest.mark.zoo),
     ],
 )
 def test_yolov8n_recomputing_inside_blocks_is_exact(budget, taken):
