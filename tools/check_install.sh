@@ -6,7 +6,13 @@
 # Usage: tools/check_install.sh [WORKDIR]   (make install-check)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-work=${1:-$(mktemp -d)}
+# A WORKDIR given is kept; a temporary one (a ~6 GB venv) is removed however the check ends.
+if [ $# -ge 1 ]; then
+  work=$1
+else
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
 python3 -m venv "$work/venv"
 py=$work/venv/bin/python
 # torch first: the extension must be compiled against the torch that will run it.
