@@ -87,7 +87,7 @@ inline at::TensorList pieces_of(at::TensorList pieces) {
 }
 
 // What a Function keeps for backward: its input, or a cat_ variant's pieces in its place, then
-// `rest`.
+// `rest`. How many pieces there were is in the Function's `edges` (built with their count).
 inline void save_input_and(
     AutogradContext* ctx, at::TensorList pieces, const at::Tensor& input,
     std::initializer_list<at::Tensor> rest) {
@@ -100,7 +100,12 @@ inline void save_input_and(
   }
   saved.insert(saved.end(), rest.begin(), rest.end());
   ctx->save_for_backward(saved);
-  ctx->saved_data["pieces"] = static_cast<int64_t>(pieces.size());
+}
+
+// How many pieces save_input_and kept (0: the input itself), read off `edges`: the input is
+// always given, so its edge comes right after the pieces'.
+inline size_t piece_count(AutogradContext* ctx) {
+  return static_cast<size_t>(ctx->saved_data.at("edges").toIntList().get(0));
 }
 
 // What save_input_and kept: the input (the pieces concatenated again: the same values in the
@@ -114,7 +119,7 @@ struct SavedInput {
 
 inline SavedInput load_input_and(AutogradContext* ctx) {
   auto saved = ctx->get_saved_variables();
-  const auto count = static_cast<size_t>(ctx->saved_data["pieces"].toInt());
+  const auto count = piece_count(ctx);
   SavedInput result;
   if (count == 0) {
     result.input = saved[0];
@@ -221,7 +226,7 @@ inline variable_list gradients_at(
 // What a backward returns when no gradient reached it: none for each of the op's `count`
 // arguments and a cat_ variant's pieces.
 inline variable_list no_gradients(AutogradContext* ctx, size_t count) {
-  return variable_list(count + static_cast<size_t>(ctx->saved_data["pieces"].toInt()));
+  return variable_list(count + piece_count(ctx));
 }
 
 // Whether the input's gradient is needed, `need` (needed's answer for argument 0), or for a
