@@ -150,7 +150,8 @@ def test_the_backward_of_a_fused_site_runs_no_python(name):
 
 
 def _cat_calls():
-    """Each cat_ op (ops/cat_input.py) called on pieces of 3 and 5 channels that require grad."""
+    """Each cat_ op (ops/cat_input.py) called on pieces of 3 and 5 channels that require grad, and the
+    call of its base op on their concatenation."""
     torch.manual_seed(0)
     pieces = [torch.randn(2, n, 4, 4, requires_grad=True) for n in (3, 5)]
     w, b = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
@@ -158,13 +159,33 @@ def _cat_calls():
     stats = (torch.zeros(8), torch.ones(8))
     bn = (w, b, *stats, True, 1e-5, "relu", 0.0)
     geometry = ([1, 1], [1, 1], [1, 1], 1)
+    args = {
+        "cat_batch_norm_act": bn,
+        "cat_conv2d": (conv, None, *geometry),
+        "cat_conv_bn_act": (conv, None, *geometry, *bn),
+        "cat_bn_act_conv": (*bn, conv, b, *geometry, True, *bn),
+    }
+
+    def first(out):
+        return out[0] if isinstance(out, tuple) else out
+
     ops = torch.ops.fxfuse
     return pieces, {
-        "cat_batch_norm_act": lambda ps, x: ops.cat_batch_norm_act(ps, x, *bn)[0],
-        "cat_conv2d": lambda ps, x: ops.cat_conv2d(ps, x, conv, None, *geometry),
-        "cat_conv_bn_act": lambda ps, x: ops.cat_conv_bn_act(ps, x, conv, None, *geometry, *bn)[0],
-        "cat_bn_act_conv": lambda ps, x: ops.cat_bn_act_conv(ps, x, *bn, conv, b, *geometry, True, *bn)[0],
+        name: (
+            lambda ps, x, name=name, a=a: first(getattr(ops, name)(ps, x, *a)),
+            lambda x, name=name, a=a: first(getattr(ops, name[len("cat_") :])(x, *a)),
+        )
+        for name, a in args.items()
     }
+
+
+@pytest.mark.parametrize("name", list(_cat_calls()[1]))
+def test_the_forward_of_a_cat_op_runs_the_python_of_its_base_op(name):
+    # Its kernel is C++ (csrc/cat_input.h): beyond the op's own call, it enters no Python function.
+    pieces, calls = _cat_calls()
+    x = torch.cat(pieces, 1)
+    cat_call, base_call = calls[name]
+    assert python_calls(lambda: cat_call(pieces, x)) == python_calls(lambda: base_call(x))
 
 
 @pytest.mark.parametrize("name", list(_cat_calls()[1]))
@@ -172,7 +193,7 @@ def test_the_backward_of_a_cat_op_runs_no_python(name):
     # Their Autograd kernels are their base ops' C++ ones, given the pieces (csrc/autograd/function.h).
     pieces, calls = _cat_calls()
     x = torch.cat(pieces, 1)
-    out = calls[name](pieces, x)
+    out = calls[name][0](pieces, x)
     pieces_edges = [getattr(node, "variable", None) for node, _ in out.grad_fn.next_functions[: len(pieces)]]
     assert all(v is p for v, p in zip(pieces_edges, pieces))  # the op's own node, on the pieces
     loss, plain = out.sum(), x.sum()

@@ -4,7 +4,9 @@
 input is `torch.cat(pieces, 1)`, they keep a fresh copy of tensors that are often kept anyway: a
 DenseNet layer's input is the concatenation of every earlier layer's output, so each layer keeps
 its own copy of them all. `cat_<op>` is `<op>` with the pieces kept instead (Pleiss et al.'s
-memory-efficient DenseNet): its forward runs `<op>` on the concatenation; its Autograd kernel is
+memory-efficient DenseNet): its forward runs `<op>` on the concatenation once the pieces are checked
+to make it up (csrc/cat_input.h, a C++ kernel for every device; `check_pieces` here is the fake
+kernel's, which handles symbolic shapes); its Autograd kernel is
 `<op>`'s C++ one given the pieces (csrc/autograd/<op>.cpp, autograd/function.h), which keeps the
 pieces (`save_for_backward`, so saved-tensor hooks see them) and not the concatenation, and whose
 backward concatenates them again (`at::cat`: the same values, in the same layout), runs `<op>`'s
@@ -104,14 +106,14 @@ def check_pieces(pieces: Sequence[Tensor], input: Tensor) -> None:
     )
 
 
-def _kernel(name: str) -> Callable:
+def _fake(name: str) -> Callable:
     base = getattr(torch.ops.fxfuse, name).default
 
-    def kernel(pieces, input, *args):
+    def fake(pieces, input, *args):
         check_pieces(pieces, input)
         return base(input, *args)
 
-    return kernel
+    return fake
 
 
 def _schema(name: str) -> str:
@@ -122,10 +124,8 @@ def _schema(name: str) -> str:
 
 
 def register() -> None:
-    """Define the cat_ ops (on the base ops fxfuse._C defines), their kernel and fake kernel (fxfuse._C
-    registers their Autograd kernels)."""
+    """Define the cat_ ops (on the base ops fxfuse._C defines) and their fake kernels (fxfuse._C registers
+    their kernels)."""
     for name in BASES:
         _LIB.define(_schema(name))
-        kernel = _kernel(name)
-        _LIB.impl(f"cat_{name}", kernel, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"fxfuse::cat_{name}", kernel, lib=_LIB)
+        torch.library.register_fake(f"fxfuse::cat_{name}", _fake(name), lib=_LIB)

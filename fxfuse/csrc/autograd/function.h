@@ -80,7 +80,7 @@ struct WithPieces<R(Args...)> {
 };
 
 // A cat_ variant's pieces: with none the Function would be the op's own (the op's kernel,
-// ops/cat_input.py's check_pieces, checks the rest).
+// cat_input.h's check_pieces, checks the rest).
 inline at::TensorList pieces_of(at::TensorList pieces) {
   TORCH_CHECK(!pieces.empty(), "fxfuse::cat_*: expected at least one piece");
   return pieces;

@@ -93,6 +93,11 @@ struct ChannelParams {
   }
 };
 
+// t in dtype dt, contiguous: t itself when it already is (Tensor::to is a dispatched op even then).
+at::Tensor contiguous_in(const at::Tensor& t, at::ScalarType dt) {
+  return t.scalar_type() == dt && t.is_contiguous() ? t : t.to(dt).contiguous();
+}
+
 template <typename T>
 ChannelParams<T> channel_params(
     const at::Tensor& mean, const at::Tensor& var, const std::optional<at::Tensor>& weight,
@@ -100,11 +105,11 @@ ChannelParams<T> channel_params(
   const auto dt = c10::CppTypeToScalarType<T>::value;
   const int64_t C = mean.numel();
   ChannelParams<T> cp;
-  cp.mean = mean.to(dt).contiguous();
-  const at::Tensor v = var.to(dt).contiguous();
+  cp.mean = contiguous_in(mean, dt);
+  const at::Tensor v = contiguous_in(var, dt);
   at::Tensor w, b;
-  if (has(weight)) w = weight->to(dt).contiguous();
-  if (has(bias)) b = bias->to(dt).contiguous();
+  if (has(weight)) w = contiguous_in(*weight, dt);
+  if (has(bias)) b = contiguous_in(*bias, dt);
   const T* vp = v.const_data_ptr<T>();
   const T* wp = w.defined() ? w.const_data_ptr<T>() : nullptr;
   cp.invstd.resize(C);
@@ -243,7 +248,9 @@ std::tuple<at::Tensor, at::Tensor> backward_into(
   const auto geo = geometry(input);
   const cpu::Geometry& g = geo->first;
   // grad_out in the input's dtype and memory layout (no copy in the usual case).
-  const at::Tensor dy = grad_out.to(input.scalar_type()).contiguous(geo->second);
+  const at::Tensor dy = grad_out.scalar_type() == input.scalar_type()
+      ? grad_out.contiguous(geo->second)
+      : grad_out.to(input.scalar_type()).contiguous(geo->second);
 
   const bool need_input = grad_input.defined();
   const bool has_weight = has(weight), has_bias = has(bias);
@@ -296,7 +303,7 @@ std::tuple<at::Tensor, at::Tensor> backward_into(
     auto to_tensor = [&](const std::vector<T>& v, at::ScalarType dtype) {
       at::Tensor t = at::empty({C}, input.options());
       std::copy(v.begin(), v.end(), t.mutable_data_ptr<T>());
-      return t.to(dtype);
+      return dtype == t.scalar_type() ? t : t.to(dtype);
     };
     if (need_weight && has_weight) grad_weight = to_tensor(sum_gx, weight->scalar_type());
     if (need_bias && has_bias) grad_bias = to_tensor(sum_g, bias->scalar_type());

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "../bn_act.h"
+#include "../cat_input.h"
 #include "../checks.h"
 #include "../dispatch.h"
 
@@ -39,8 +40,11 @@ TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
       "-> (Tensor out, Tensor mean, Tensor var, Tensor unbiased_var)");
 }
 
+constexpr char kBatchNormAct[] = "fxfuse::batch_norm_act";
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("batch_norm_act", &batch_norm_act);
+  m.impl("cat_batch_norm_act", &cat_input::Of<decltype(batch_norm_act)>::kernel<kBatchNormAct>);
 }
 
 }  // namespace fxfuse

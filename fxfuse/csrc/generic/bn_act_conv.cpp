@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include "../bn_act.h"
+#include "../cat_input.h"
 #include "../conv_ops.h"
 #include "../dispatch.h"
 
@@ -134,8 +135,11 @@ TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
       "Tensor grad_weight, Tensor grad_bias, Tensor grad_bn_weight, Tensor grad_bn_bias)");
 }
 
+constexpr char kBnActConv[] = "fxfuse::bn_act_conv";
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("bn_act_conv", &bn_act_conv);
+  m.impl("cat_bn_act_conv", &cat_input::Of<decltype(bn_act_conv)>::kernel<kBnActConv>);
   m.impl("bn_act_conv_backward", &bn_act_conv_backward);
 }
 

@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "../cat_input.h"
 #include "../checks.h"
 #include "../conv_ops.h"
 
@@ -49,8 +50,11 @@ TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
       "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }
 
+constexpr char kConv2d[] = "fxfuse::conv2d";
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("conv2d", &conv2d_generic);
+  m.impl("cat_conv2d", &cat_input::Of<decltype(conv2d_generic)>::kernel<kConv2d>);
   m.impl("conv2d_backward", &conv2d_backward_generic);
 }
 

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include "../bn_act.h"
+#include "../cat_input.h"
 #include "../conv_ops.h"
 #include "../dispatch.h"
 
@@ -74,8 +75,11 @@ TORCH_LIBRARY_FRAGMENT(fxfuse, m) {
       "Tensor grad_bn_weight, Tensor grad_bn_bias)");
 }
 
+constexpr char kConvBnAct[] = "fxfuse::conv_bn_act";
+
 TORCH_LIBRARY_IMPL(fxfuse, CompositeExplicitAutograd, m) {
   m.impl("conv_bn_act", &conv_bn_act);
+  m.impl("cat_conv_bn_act", &cat_input::Of<decltype(conv_bn_act)>::kernel<kConvBnAct>);
   m.impl("conv_bn_act_backward", &conv_bn_act_backward);
 }
 
