@@ -1,0 +1,99 @@
+"""What a recompute region's machinery costs the host, beyond the ops it runs.
+
+    python benchmarks/region_overhead.py [--calls 300] [--rounds 7] [--instructions]
+
+A memory budget's regions (fusion/regions/recompute.py) run under non-reentrant
+`torch.utils.checkpoint`: a saved-tensor hook pair per tensor the region's ops keep, the RNG and
+autocast state saved and restored, the recompute run from a hook in backward. On tiny tensors,
+where the ops cost next to nothing, this times one two-op region (1×1 conv, ReLU; forward and
+backward) three ways: called directly, under `torch.utils.checkpoint`, and as fxfuse's
+`RegionCall` (checkpoint plus the buffer swap that keeps running statistics from a second
+update). µs of the thread's CPU time a call (median of interleaved rounds), or with
+--instructions thousands of instructions (benchmarks/instructions.py), and Python calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import types
+from typing import Callable
+
+import instructions
+import torch
+import torch.nn.functional as F
+from tabulate import tabulate
+from torch.utils.checkpoint import checkpoint
+
+from fxfuse.fusion.regions.recompute import RegionCall
+
+
+def python_calls(fn: Callable[[], None]) -> int:
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def variants() -> dict[str, Callable[[], None]]:
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 4, 4, requires_grad=True)
+    w = torch.randn(8, 8, 1, 1, requires_grad=True)
+    owner = types.SimpleNamespace(w=w)
+
+    def body(owner, t):
+        return torch.relu(F.conv2d(t, owner.w))
+
+    region = RegionCall("conv, relu", body, ["w"], [])
+    return {
+        "direct": lambda: body(owner, x).sum().backward(),
+        "torch.utils.checkpoint": lambda: checkpoint(body, owner, x, use_reentrant=False).sum().backward(),
+        "fxfuse RegionCall": lambda: region([w], x).sum().backward(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
+    args = parser.parse_args()
+    if args.instructions and not instructions.active():
+        sys.exit(instructions.reexec_under_callgrind(sys.argv))
+    torch.set_num_threads(1)
+    fns = variants()
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
+    costs: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(1 if instructions.active() else args.rounds):
+        for name, fn in fns.items():
+            if instructions.active():
+                costs[name].append(instructions.count(fn, args.calls).total / 1e3)
+                continue
+            start = time.thread_time()
+            for _ in range(args.calls):
+                fn()
+            costs[name].append((time.thread_time() - start) / args.calls * 1e6)
+    unit = "k instructions" if instructions.active() else "µs"
+    base = statistics.median(costs["direct"])
+    rows = [
+        [name, f"{statistics.median(c):.0f}", f"{statistics.median(c) - base:.0f}", python_calls(fns[name])]
+        for name, c in costs.items()
+    ]
+    print(f"one two-op region (2×8×4×4), forward + backward, one thread: {unit} a call")
+    print(tabulate(rows, headers=["call", unit, "beyond direct", "Python calls"], tablefmt="github"))
+
+
+if __name__ == "__main__":
+    main()
