@@ -19,7 +19,7 @@ from torch import nn
 from fxfuse.cli import main as cli_main
 from fxfuse.errors import ConfigurationError
 from fxfuse.testing import compare_models, float64_copy
-from fxfuse.verify import VerifyReport, verify
+from fxfuse.verify import VerifyReport, few_value_norms, verify
 
 F64 = torch.float64
 
@@ -163,6 +163,40 @@ def test_without_fp64_reference_a_float32_failure_hints_at_it(stand_in):
     row = next(line for line in str(report).splitlines() if line.startswith("step 1") and " param " in line)
     assert row.split()[5] == "-"  # no eager error without a float64 reference
     assert "fp64_reference=True" in str(report).splitlines()[-1]
+
+
+def test_a_failure_names_a_batchnorm_over_few_values(stand_in):
+    # At 1×1 with batch 2 each BatchNorm normalizes over 2 values per channel: an ill-conditioned model,
+    # whose rounding grows from step to step (verify.FEW_VALUES).
+    stand_in(perturb_bn2)
+    model = tiny_net()
+    report = verify(model, torch.randn(2, 3, 1, 1), dtype=F64)
+    assert not report.ok
+    assert report.few_value_norms == [("bn1", 2), ("bn2", 2)]
+    summary = report.summary()
+    assert "bn1 (and 1 more) normalizes over 2 values per channel" in summary
+    hint = summary[summary.index("hint: at these inputs") :]
+    assert all(len(line) <= 100 for line in hint.splitlines())
+    assert model.training and all(m.training for m in model.modules())
+
+
+def test_no_batchnorm_hint_where_the_norms_see_enough_values_or_all_passed(stand_in):
+    stand_in(perturb_bn2)
+    failed = verify(tiny_net(), tiny_input(), dtype=F64)  # 2×8×8: 128 values per channel
+    assert not failed.ok and failed.few_value_norms == []
+    stand_in(swap_class)
+    passed = verify(tiny_net(), torch.randn(2, 3, 1, 1), dtype=F64)
+    assert passed.ok and passed.few_value_norms == []  # counted only to explain a failure
+
+
+def test_few_value_norms_leaves_the_model_and_its_statistics_alone():
+    model = tiny_net().train()
+    before = copy.deepcopy(model.state_dict())
+    assert few_value_norms(model, (torch.randn(2, 3, 2, 2),)) == [("bn1", 8), ("bn2", 8)]
+    assert model.training
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert few_value_norms(model, (torch.randn(8, 3, 4, 4),)) == []  # 128 values
 
 
 def test_verify_optimizes_a_cast_copy_with_the_given_mode(stand_in):
