@@ -36,6 +36,7 @@ import contextlib
 import copy
 import dataclasses
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
@@ -52,6 +53,7 @@ __all__ = [
     "compare_models",
     "compare_tensors",
     "default_tolerance",
+    "few_value_norms",
     "float64_copy",
     "fp64_floor",
 ]
@@ -750,6 +752,58 @@ def failure_summary(checks: Sequence[Check], limit: int = 5) -> str:
 # --------------------------------------------------------------------------- pytest helper
 
 
+# BatchNorm over this few values per channel (N×H×W) makes training ill-conditioned: rounding grows from
+# one step to the next, eager's own too. DenseNet-121 at 2×3×32×32 ends in BatchNorms over 2 values:
+# there eager in NCHW and eager in channels_last, both float64, differed by 6e-8 of the gradients'
+# scale after one step and 3e-4 after two (fxfuse's memory mode against eager: 5e-15, then 5e-8).
+FEW_VALUES = 16
+_FEW_VALUES_HINT = (
+    "hint: at these inputs {where} normalizes over {count} values per channel (N×H×W). BatchNorm over "
+    "so few values amplifies rounding from one step to the next, eager's own included, so small "
+    "differences after the first step may be the model's conditioning, not the rewrite: check again "
+    "with a larger input or batch."
+)
+
+
+def few_values_hint(norms: Sequence[tuple[str, int]]) -> str:
+    """The hint a failure report ends with when `norms` (few_value_norms) is not empty, in 100 columns."""
+    name, count = min(norms, key=lambda nc: nc[1])
+    where = f"{name} (and {len(norms) - 1} more)" if len(norms) > 1 else name
+    return textwrap.fill(_FEW_VALUES_HINT.format(where=where, count=count), 100)
+
+
+def few_value_norms(model: nn.Module, inputs: Sequence[Any]) -> list[tuple[str, int]]:
+    """The BatchNorm layers of `model` that normalize over at most FEW_VALUES values per channel when it
+    runs on `inputs`, with that count. Runs `model` once, in eval mode without grad (no statistics
+    updated, no random draws); its training flags are restored. None where that run fails."""
+    counts: dict[str, int] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+
+            def count(module, args, name=name):
+                x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+                if x is not None and x.dim() >= 2 and x.shape[1] > 0:
+                    counts[name] = min(counts.get(name, x.numel()), x.numel() // x.shape[1])
+
+            handles.append(module.register_forward_pre_hook(count))
+    if not handles:
+        return []
+    training = {module: module.training for module in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(*inputs)
+    except Exception:  # a hint is not worth a crash: the report stands without it
+        counts.clear()
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, flag in training.items():
+            module.training = flag
+    return [(name, n) for name, n in counts.items() if n <= FEW_VALUES]
+
+
 def assert_equivalent(
     reference: nn.Module,
     candidate: nn.Module,
@@ -811,4 +865,5 @@ def assert_equivalent(
         reference64=float64_copy(reference) if fp64_reference and needs_float64_reference(reference, inputs) else None,
     )
     if not all(c.passed for c in checks):
-        raise AssertionError(failure_summary(checks))
+        norms = few_value_norms(reference, inputs) if train and steps > 0 else []
+        raise AssertionError(failure_summary(checks) + (f"\n{few_values_hint(norms)}" if norms else ""))

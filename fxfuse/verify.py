@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from tabulate import tabulate
@@ -19,12 +18,14 @@ from .testing import (
     compare_models,
     copy_model,
     failure_summary,
+    few_value_norms,
+    few_values_hint,
     float64_copy,
     needs_float64_reference,
     validate_options,
 )
 
-__all__ = ["VerifyReport", "few_value_norms", "verify"]
+__all__ = ["VerifyReport", "verify"]
 
 
 @dataclass
@@ -43,7 +44,7 @@ class VerifyReport:
     optimize_report: Any = None  # the optimized copy's `fxfuse_report`, if it had one
     fp64_reference: bool = False  # whether a float64 copy of the model was the reference
     # On a failure: the BatchNorm layers that normalize over at most FEW_VALUES values per channel at
-    # these inputs, with that count (few_value_norms).
+    # these inputs, with that count (fxfuse.testing.few_value_norms).
     few_value_norms: list[tuple[str, int]] = field(default_factory=list)
 
     @property
@@ -62,10 +63,7 @@ class VerifyReport:
         if not self.fp64_reference and self.dtype != torch.float64:
             summary += f"\n{_FLOAT64_HINT}"
         if self.few_value_norms:
-            name, count = min(self.few_value_norms, key=lambda nc: nc[1])
-            others = len(self.few_value_norms) - 1
-            where = f"{name}{f' (and {others} more)' if others else ''}"
-            summary += "\n" + textwrap.fill(_FEW_VALUES_HINT.format(where=where, count=count), 100)
+            summary += "\n" + few_values_hint(self.few_value_norms)
         return summary
 
     def table(self) -> str:
@@ -94,51 +92,6 @@ _FLOAT64_HINT = (
     "hint: without a float64 reference, float32 rounding that training amplifies reads as a difference; "
     "run with fp64_reference=True (the default) or dtype=torch.float64 to tell real differences from rounding."
 )
-
-
-# BatchNorm over this few values per channel (N×H×W) makes training ill-conditioned: rounding grows from
-# one step to the next, eager's own too. DenseNet-121 at 2×3×32×32 ends in BatchNorms over 2 values:
-# there eager in NCHW and eager in channels_last, both float64, differed by 6e-8 of the gradients'
-# scale after one step and 3e-4 after two (fxfuse's memory mode against eager: 5e-15, then 5e-8).
-FEW_VALUES = 16
-_FEW_VALUES_HINT = (
-    "hint: at these inputs {where} normalizes over {count} values per channel (N×H×W). BatchNorm over "
-    "so few values amplifies rounding from one step to the next, eager's own included, so small "
-    "differences after the first step may be the model's conditioning, not the rewrite: check again "
-    "with a larger input or batch."
-)
-
-
-def few_value_norms(model: nn.Module, inputs: Sequence[Any]) -> list[tuple[str, int]]:
-    """The BatchNorm layers of `model` that normalize over at most FEW_VALUES values per channel when it
-    runs on `inputs`, with that count. Runs `model` once, in eval mode without grad (no statistics
-    updated, no random draws); its training flags are restored. None where that run fails."""
-    counts: dict[str, int] = {}
-    handles = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-
-            def count(module, args, name=name):
-                x = args[0] if args and isinstance(args[0], torch.Tensor) else None
-                if x is not None and x.dim() >= 2 and x.shape[1] > 0:
-                    counts[name] = min(counts.get(name, x.numel()), x.numel() // x.shape[1])
-
-            handles.append(module.register_forward_pre_hook(count))
-    if not handles:
-        return []
-    training = {module: module.training for module in model.modules()}
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(*inputs)
-    except Exception:  # a hint is not worth a crash: the report stands without it
-        counts.clear()
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, flag in training.items():
-            module.training = flag
-    return [(name, n) for name, n in counts.items() if n <= FEW_VALUES]
 
 
 def _row(check: Check) -> list[str]:

@@ -212,6 +212,21 @@ def test_perturbed_bn_weight_fails_naming_it():
         assert_equivalent(model, broken_copy(model, perturb), image(), dtype=F64)
 
 
+def test_a_failure_names_a_batchnorm_over_few_values():
+    # 2×3×1×1: each BatchNorm normalizes over 2 values per channel, an ill-conditioned model.
+    def perturb(m):
+        with torch.no_grad():
+            m.bn1.weight[0] += 1e-3
+
+    model = conv_net()
+    x = torch.randn(2, 3, 1, 1)
+    with pytest.raises(AssertionError, match=r"bn1 \(and 1 more\) normalizes over 2 values per channel"):
+        assert_equivalent(model, broken_copy(model, perturb), x, dtype=F64)
+    with pytest.raises(AssertionError) as enough:  # 2×6×6: 72 values, no hint
+        assert_equivalent(model, broken_copy(model, perturb), image(), dtype=F64)
+    assert "values per channel" not in str(enough.value)
+
+
 class BatchNormDroppingAGradTerm(nn.BatchNorm2d):
     """Exact forward; backward omits -x_hat * mean(dy * x_hat): invisible to out.sum()."""
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from fxfuse.cli import main as cli_main
 from fxfuse.errors import ConfigurationError
-from fxfuse.testing import compare_models, float64_copy
-from fxfuse.verify import VerifyReport, few_value_norms, verify
+from fxfuse.testing import compare_models, few_value_norms, float64_copy
+from fxfuse.verify import VerifyReport, verify
 
 F64 = torch.float64
 
