@@ -15,27 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 
 import torch
 
 import fxfuse  # noqa: F401  (registers fxfuse's ops)
-
-
-def _python_calls(fn) -> int:
-    calls = 0
-
-    def profile(frame, event, arg):
-        nonlocal calls
-        calls += event == "call"
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
+from fxfuse.measure import python_calls
 
 
 def main() -> None:
@@ -75,7 +60,7 @@ def main() -> None:
         costs.append(per_call(True) - per_call(False))
         steps.append(with_backward())
     loss, plain = op(*call_args)[0].sum(), (w * 1).sum()
-    calls = _python_calls(lambda: loss.backward()) - _python_calls(lambda: plain.backward())
+    calls = python_calls(lambda: loss.backward()) - python_calls(lambda: plain.backward())
     print(
         f"fxfuse::{args.op} autograd kernel: {statistics.median(costs) * 1e6:6.1f} us a call; "
         f"a call with its backward: {statistics.median(steps) * 1e6:6.1f} us; "

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import textwrap
 import time
 from typing import Callable, Optional
@@ -220,10 +219,7 @@ def main() -> None:
     parser.add_argument("--steps", action="store_true", help="only the train-step table")
     parser.add_argument("--calls", type=int, default=200, help="calls a round for sites (steps take a tenth)")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
-    args = parser.parse_args()
-    if args.instructions and not instructions.active():
-        sys.exit(instructions.reexec_under_callgrind(sys.argv))
+    args = instructions.parse_args(parser)
     torch.set_num_threads(1)
     both = not (args.sites or args.steps)
     unit, step_unit = ("k instructions", "M instructions") if instructions.active() else ("µs", "ms")

@@ -17,6 +17,7 @@ callgrind.h on first use.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import glob
 import os
@@ -100,6 +101,16 @@ def kernel_instructions(lines: list[str], kernels: tuple[str, ...] = KERNELS) ->
         elif line.startswith("calls="):
             after_calls = True
     return total
+
+
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """`parser`'s arguments with --instructions added; with it, outside callgrind, runs this script again
+    under callgrind and exits with its status."""
+    parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
+    args = parser.parse_args()
+    if args.instructions and not active():
+        sys.exit(reexec_under_callgrind(sys.argv))
+    return args
 
 
 _lib = None

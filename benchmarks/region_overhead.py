@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 import types
 from typing import Callable
@@ -28,21 +27,7 @@ from tabulate import tabulate
 from torch.utils.checkpoint import checkpoint
 
 from fxfuse.fusion.regions.recompute import RegionCall
-
-
-def python_calls(fn: Callable[[], None]) -> int:
-    calls = 0
-
-    def profile(frame, event, arg):
-        nonlocal calls
-        calls += event == "call"
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
+from fxfuse.measure import python_calls
 
 
 def variants() -> dict[str, Callable[[], None]]:
@@ -66,10 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
-    args = parser.parse_args()
-    if args.instructions and not instructions.active():
-        sys.exit(instructions.reexec_under_callgrind(sys.argv))
+    args = instructions.parse_args(parser)
     torch.set_num_threads(1)
     fns = variants()
     for fn in fns.values():

@@ -10,7 +10,6 @@ graph.
 from __future__ import annotations
 
 import copy
-import sys
 
 import pytest
 import torch
@@ -18,27 +17,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import fxfuse
-from fxfuse import _extension
+from fxfuse import _extension, measure
 from fxfuse.fusion import runtime
 
 pytestmark = pytest.mark.skipif(not _extension.loaded(), reason="fxfuse._C is not built")
 
 
 def python_calls(fn) -> int:
-    """Python function calls (profile 'call' events) one run of `fn` makes, after a first run."""
+    """Python function calls one run of `fn` makes, after a first run (which builds caches)."""
     fn()
-    calls = 0
-
-    def profile(frame, event, arg):
-        nonlocal calls
-        calls += event == "call"
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
+    return measure.python_calls(fn)
 
 
 def _train(fn, x):

@@ -131,3 +131,20 @@ def test_median_step_times_varies_the_order_of_rounds_and_repeats_it():
     assert all(sorted(r) == list("abcd") for r in rounds)  # every variant once per round
     assert rounds[0] == tuple("abcd") and len(set(rounds)) > 1  # not always the same order
     assert run() == rounds  # a fixed seed: a rerun times the same sequence
+
+
+def test_python_calls_counts_the_python_functions_a_run_enters_and_restores_the_profiler():
+    def leaf():
+        return 1
+
+    def run():
+        return leaf() + leaf() + len([1])  # len is C: no "call" event
+
+    outer = []
+    sys.setprofile(lambda frame, event, arg: outer.append(event))
+    try:
+        assert measure.python_calls(run) == 3
+        assert sys.getprofile() is not None  # the outer profiler again
+    finally:
+        sys.setprofile(None)
+    assert measure.python_calls(lambda: None) == 1

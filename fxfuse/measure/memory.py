@@ -350,6 +350,24 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def python_calls(fn: Callable[[], Any]) -> int:
+    """Python function calls one run of `fn` makes (the profiler's "call" events): what a host-cost
+    test can count where a time would move with the machine's load."""
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(previous)
+    return calls
+
+
 def minor_faults() -> Optional[int]:
     """Minor page faults of this process so far (every thread), or None where getrusage has no count.
 
