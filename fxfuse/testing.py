@@ -775,7 +775,7 @@ def few_values_hint(norms: Sequence[tuple[str, int]]) -> str:
 def few_value_norms(model: nn.Module, inputs: Sequence[Any]) -> list[tuple[str, int]]:
     """The BatchNorm layers of `model` that normalize over at most FEW_VALUES values per channel when it
     runs on `inputs`, with that count. Runs `model` once, in eval mode without grad (no statistics
-    updated, no random draws); its training flags are restored. None where that run fails."""
+    updated, no random draws); its training flags are restored. Empty where that run fails."""
     counts: dict[str, int] = {}
     handles = []
     for name, module in model.named_modules():
