@@ -189,7 +189,7 @@ def step_models() -> dict[str, Callable[[], nn.Module]]:
         "resnet50": lambda: tvm.resnet50(num_classes=10),
         "efficientnet_b0": lambda: tvm.efficientnet_b0(num_classes=10),
         "mobilenet_v2": lambda: tvm.mobilenet_v2(num_classes=10),
-        "plain CNN (8 Conv-BN-ReLU)": PlainCNN,
+        "plain CNN": PlainCNN,
     }
 
 
@@ -232,11 +232,12 @@ def main() -> None:
         print(tabulate(rows, headers=headers, tablefmt="github"))
     if args.steps or both:
         print(f"\ntrain step at 2×3×16×16, NCHW, one thread: {step_unit} for eager, then each variant's ratio")
-        print("(budget: memory_budget=0.5" + ("; host: outside the compute kernels)" if instructions.active() else ")"))
+        host = "; host: outside the compute kernels" if instructions.active() else ""
+        print(f"(budget: memory_budget=0.5; plain CNN: 8 Conv-BN-ReLU blocks{host})")
         rows = steps(max(args.calls // 10, 5), args.rounds)
         headers = ["model", "eager", "fast", "memory", "budget"]
         if instructions.active():
-            headers += ["host: fast", "memory", "budget"]
+            headers += ["host fast", "host memory", "host budget"]
         print(tabulate(rows, headers=headers, tablefmt="github"))
 
 

@@ -58,8 +58,10 @@ def reexec_under_callgrind(argv: list[str]) -> int:
         shutil.rmtree(out, ignore_errors=True)
 
 
-# Entry points of the compute kernels on CPU, as callgrind names them. Neither calls the other, so the
-# inclusive costs of their calls add up without counting an instruction twice.
+# Entry points of the compute kernels on CPU, as callgrind names them. In float32 and float64 neither
+# calls the other, so the inclusive costs of their calls add up without counting an instruction twice
+# (a bfloat16 gemm runs oneDNN inside cpublas::gemm, a level below the caller this checks: its count
+# would be doubled).
 KERNELS = ("dnnl_primitive_execute", "at::native::cpublas::gemm(")
 
 

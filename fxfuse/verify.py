@@ -22,6 +22,7 @@ from .testing import (
     few_values_hint,
     float64_copy,
     needs_float64_reference,
+    small_failures_only,
     validate_options,
 )
 
@@ -43,8 +44,8 @@ class VerifyReport:
     dtype: Optional[torch.dtype] = None
     optimize_report: Any = None  # the optimized copy's `fxfuse_report`, if it had one
     fp64_reference: bool = False  # whether a float64 copy of the model was the reference
-    # On a failure: the BatchNorm layers that normalize over at most FEW_VALUES values per channel at
-    # these inputs, with that count (fxfuse.testing.few_value_norms).
+    # On a failure by small differences only: the BatchNorm layers that normalize over at most FEW_VALUES
+    # values per channel at these inputs, with that count (fxfuse.testing.few_value_norms).
     few_value_norms: list[tuple[str, int]] = field(default_factory=list)
 
     @property
@@ -159,7 +160,6 @@ def verify(
     reference64 = float64_copy(reference) if fp64_reference and needs_float64_reference(reference, inputs) else None
     candidate = fusion.optimize(copy_model(model, dtype).train(), inputs, mode=mode)
     checks = compare_models(reference, candidate, inputs, steps=steps, rtol=rtol, atol=atol, reference64=reference64)
-    failed = not all(check.passed for check in checks)
     return VerifyReport(
         checks=checks,
         mode=mode,
@@ -167,5 +167,5 @@ def verify(
         dtype=dtype,
         optimize_report=getattr(candidate, "fxfuse_report", None),
         fp64_reference=reference64 is not None,
-        few_value_norms=few_value_norms(reference, inputs) if failed and steps > 0 else [],
+        few_value_norms=few_value_norms(reference, inputs) if steps > 0 and small_failures_only(checks) else [],
     )

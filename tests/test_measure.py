@@ -140,11 +140,15 @@ def test_python_calls_counts_the_python_functions_a_run_enters_and_restores_the_
     def run():
         return leaf() + leaf() + len([1])  # len is C: no "call" event
 
-    outer = []
-    sys.setprofile(lambda frame, event, arg: outer.append(event))
+    events = []
+
+    def outer(frame, event, arg):
+        events.append(event)
+
+    sys.setprofile(outer)
     try:
         assert measure.python_calls(run) == 3
-        assert sys.getprofile() is not None  # the outer profiler again
+        assert sys.getprofile() is outer
     finally:
         sys.setprofile(None)
     assert measure.python_calls(lambda: None) == 1

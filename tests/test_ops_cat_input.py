@@ -1,6 +1,7 @@
 """fxfuse.ops.cat_input: batch_norm_act, conv_bn_act, bn_act_conv and conv2d on `torch.cat(pieces, 1)`,
 keeping the pieces for backward instead of their concatenation (fxfuse::cat_*)."""
 
+import contextlib
 import itertools
 
 import pytest
@@ -297,3 +298,13 @@ def test_under_torch_compile_the_concatenation_is_not_kept(monkeypatch):
     assert not [t for t in saved if t.numel() >= input_numel]
     ref = block(*[p.detach().requires_grad_() for p in pieces])
     torch.testing.assert_close(out[0], ref[0])
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["kernel", "fake kernel"])
+def test_the_op_and_its_fake_kernel_reject_an_input_below_2_dims_alike(fake):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() if fake else contextlib.nullcontext():
+        piece, weight = torch.randn(3), torch.randn(3, 3, 1, 1)
+        with pytest.raises(RuntimeError, match=r"expected an input of at least 2 dims \(N, C, \.\.\.\), got 1-D"):
+            torch.ops.fxfuse.cat_conv2d([piece], piece, weight, None, [1, 1], [0, 0], [1, 1], 1)

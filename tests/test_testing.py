@@ -212,8 +212,12 @@ def test_perturbed_bn_weight_fails_naming_it():
         assert_equivalent(model, broken_copy(model, perturb), image(), dtype=F64)
 
 
-def test_a_failure_names_a_batchnorm_over_few_values():
+def test_a_failure_by_small_differences_names_a_batchnorm_over_few_values():
     # 2×3×1×1: each BatchNorm normalizes over 2 values per channel, an ill-conditioned model.
+    def nudge(m):
+        with torch.no_grad():
+            m.bn1.weight[0] += 1e-7
+
     def perturb(m):
         with torch.no_grad():
             m.bn1.weight[0] += 1e-3
@@ -221,10 +225,11 @@ def test_a_failure_names_a_batchnorm_over_few_values():
     model = conv_net()
     x = torch.randn(2, 3, 1, 1)
     with pytest.raises(AssertionError, match=r"bn1 \(and 1 more\) normalizes over 2 values per channel"):
-        assert_equivalent(model, broken_copy(model, perturb), x, dtype=F64)
-    with pytest.raises(AssertionError) as enough:  # 2×6×6: 72 values, no hint
-        assert_equivalent(model, broken_copy(model, perturb), image(), dtype=F64)
-    assert "values per channel" not in str(enough.value)
+        assert_equivalent(model, broken_copy(model, nudge), x, dtype=F64)
+    for candidate, inputs in ((broken_copy(model, nudge), image()), (broken_copy(model, perturb), x)):
+        with pytest.raises(AssertionError) as failed:  # 2×6×6: 72 values; a 1e-3 difference: a bug
+            assert_equivalent(model, candidate, inputs, dtype=F64)
+        assert "values per channel" not in str(failed.value)
 
 
 class BatchNormDroppingAGradTerm(nn.BatchNorm2d):

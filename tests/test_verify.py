@@ -165,10 +165,15 @@ def test_without_fp64_reference_a_float32_failure_hints_at_it(stand_in):
     assert "fp64_reference=True" in str(report).splitlines()[-1]
 
 
-def test_a_failure_names_a_batchnorm_over_few_values(stand_in):
+def nudge_bn2(model):
+    with torch.no_grad():
+        model.bn2.weight[1] += 1e-7  # past float64's tolerance, far below a real bug's 1e-3
+
+
+def test_a_failure_by_small_differences_names_a_batchnorm_over_few_values(stand_in):
     # At 1×1 with batch 2 each BatchNorm normalizes over 2 values per channel: an ill-conditioned model,
-    # whose rounding grows from step to step (verify.FEW_VALUES).
-    stand_in(perturb_bn2)
+    # whose rounding grows from step to step (testing.FEW_VALUES).
+    stand_in(nudge_bn2)
     model = tiny_net()
     report = verify(model, torch.randn(2, 3, 1, 1), dtype=F64)
     assert not report.ok
@@ -180,16 +185,42 @@ def test_a_failure_names_a_batchnorm_over_few_values(stand_in):
     assert model.training and all(m.training for m in model.modules())
 
 
-def test_no_batchnorm_hint_where_the_norms_see_enough_values_or_all_passed(stand_in):
-    stand_in(perturb_bn2)
-    failed = verify(tiny_net(), tiny_input(), dtype=F64)  # 2×8×8: 128 values per channel
-    assert not failed.ok and failed.few_value_norms == []
-    stand_in(swap_class)
-    passed = verify(tiny_net(), torch.randn(2, 3, 1, 1), dtype=F64)
-    assert passed.ok and passed.few_value_norms == []  # counted only to explain a failure
+def add_buffer(model):
+    model.register_buffer("extra", torch.zeros(1))
 
 
-def test_few_value_norms_leaves_the_model_and_its_statistics_alone():
+@pytest.mark.parametrize(
+    "rewrite, x",
+    [
+        (nudge_bn2, tiny_input()),  # 2×8×8: 128 values per channel
+        (perturb_bn2, torch.randn(2, 3, 1, 1)),  # a difference of 1e-3: a bug, not rounding
+        (add_buffer, torch.randn(2, 3, 1, 1)),  # a structural failure
+        (swap_class, torch.randn(2, 3, 1, 1)),  # no failure to explain
+    ],
+    ids=["enough values", "large difference", "structure", "passed"],
+)
+def test_no_batchnorm_hint_where_it_cannot_explain_the_result(stand_in, rewrite, x):
+    stand_in(rewrite)
+    report = verify(tiny_net(), x, dtype=F64)
+    assert report.ok == (rewrite is swap_class)
+    assert report.few_value_norms == []
+    assert "normalizes over" not in report.summary()
+
+
+class Drawing(nn.Module):
+    """Changes its input in place and draws random numbers; its BatchNorm runs in training only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        x.relu_()
+        x = x + torch.rand_like(x)
+        return self.bn(x) if self.training else x
+
+
+def test_few_value_norms_leaves_the_model_its_inputs_and_the_rng_alone():
     model = tiny_net().train()
     before = copy.deepcopy(model.state_dict())
     assert few_value_norms(model, (torch.randn(2, 3, 2, 2),)) == [("bn1", 8), ("bn2", 8)]
@@ -197,6 +228,13 @@ def test_few_value_norms_leaves_the_model_and_its_statistics_alone():
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
     assert few_value_norms(model, (torch.randn(8, 3, 4, 4),)) == []  # 128 values
+
+    drawing = Drawing().eval()
+    x = torch.randn(2, 3, 1, 1)
+    x_before, rng_before = x.clone(), torch.get_rng_state()
+    assert few_value_norms(drawing, (x,)) == [("bn", 2)]  # counted in a training forward
+    assert torch.equal(x, x_before) and torch.equal(torch.get_rng_state(), rng_before)
+    assert not drawing.training and drawing.bn.num_batches_tracked == 0
 
 
 def test_verify_optimizes_a_cast_copy_with_the_given_mode(stand_in):

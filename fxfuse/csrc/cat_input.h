@@ -23,19 +23,21 @@ inline std::string shape(at::IntArrayRef sizes) {
 inline void check_pieces(at::TensorList pieces, const at::Tensor& input) {
   TORCH_CHECK(!pieces.empty(), "fxfuse::cat_*: expected at least one piece");
   const int64_t dim = input.dim();
+  TORCH_CHECK(
+      dim >= 2, "fxfuse::cat_*: expected an input of at least 2 dims (N, C, ...), got ", dim, "-D");
   int64_t channels = 0;
   for (const at::Tensor& piece : pieces) {
-    bool fits = piece.dim() == dim && dim >= 1 && piece.size(0) == input.size(0);
+    bool fits = piece.dim() == dim && piece.size(0) == input.size(0);
     for (int64_t d = 2; fits && d < dim; ++d) fits = piece.size(d) == input.size(d);
     TORCH_CHECK(
         fits, "fxfuse::cat_*: a piece of shape ", shape(piece.sizes()),
         " cannot be part of an input of shape ", shape(input.sizes()),
         " concatenated along dim 1");
-    channels += dim >= 2 ? piece.size(1) : 0;
+    channels += piece.size(1);
   }
   TORCH_CHECK(
-      channels == (dim >= 2 ? input.size(1) : 0), "fxfuse::cat_*: the pieces' channels add up to ",
-      channels, ", the input has ", dim >= 2 ? input.size(1) : 0);
+      channels == input.size(1), "fxfuse::cat_*: the pieces' channels add up to ", channels,
+      ", the input has ", input.size(1));
 }
 
 // Of<decltype(op)>::kernel<kName>: the cat_ variant's kernel of the op named kName, whose C++

@@ -89,6 +89,10 @@ def check_pieces(pieces: Sequence[Tensor], input: Tensor) -> None:
         ):
             return
     torch._check(len(pieces) > 0, lambda: "fxfuse::cat_*: expected at least one piece")
+    torch._check(
+        input.dim() >= 2,
+        lambda: f"fxfuse::cat_*: expected an input of at least 2 dims (N, C, ...), got {input.dim()}-D",
+    )
     for piece in pieces:
         torch._check(
             piece.dim() == input.dim() and piece.shape[:1] == input.shape[:1] and piece.shape[2:] == input.shape[2:],
