@@ -40,6 +40,7 @@
 
 #include "../activation_ops.h"
 #include "../bn_act.h"
+#include "../bn_act_host_setup.h"
 #include "../checks.h"
 #include "../generic_path.h"
 #include "bn_act_kernel.h"
@@ -93,11 +94,6 @@ struct ChannelParams {
   }
 };
 
-// t in dtype dt, contiguous: t itself when it already is (Tensor::to is a dispatched op even then).
-at::Tensor contiguous_in(const at::Tensor& t, at::ScalarType dt) {
-  return t.scalar_type() == dt && t.is_contiguous() ? t : t.to(dt).contiguous();
-}
-
 template <typename T>
 ChannelParams<T> channel_params(
     const at::Tensor& mean, const at::Tensor& var, const std::optional<at::Tensor>& weight,
@@ -105,11 +101,9 @@ ChannelParams<T> channel_params(
   const auto dt = c10::CppTypeToScalarType<T>::value;
   const int64_t C = mean.numel();
   ChannelParams<T> cp;
-  cp.mean = contiguous_in(mean, dt);
-  const at::Tensor v = contiguous_in(var, dt);
-  at::Tensor w, b;
-  if (has(weight)) w = contiguous_in(*weight, dt);
-  if (has(bias)) b = contiguous_in(*bias, dt);
+  cp.mean = elementwise::in_dtype(mean, dt);
+  const at::Tensor v = elementwise::in_dtype(var, dt);
+  const at::Tensor w = elementwise::in_dtype(weight, dt), b = elementwise::in_dtype(bias, dt);
   const T* vp = v.const_data_ptr<T>();
   const T* wp = w.defined() ? w.const_data_ptr<T>() : nullptr;
   cp.invstd.resize(C);
