@@ -782,6 +782,13 @@ def small_failures_only(checks: Sequence[Check]) -> bool:
     return bool(failures) and all(c.problem is None and c.rel_diff < SMALL_DIFF for c in failures)
 
 
+def norms_behind(checks: Sequence[Check], model: nn.Module, inputs: Sequence[Any]) -> list[tuple[str, int]]:
+    """few_value_norms(model, inputs) where it could explain `checks`' failures: they are all small and
+    numeric (small_failures_only) and training steps ran; else nothing (and the model does not run)."""
+    trained = any(check.phase == "train" for check in checks)
+    return few_value_norms(model, inputs) if trained and small_failures_only(checks) else []
+
+
 def few_value_norms(model: nn.Module, inputs: Sequence[Any]) -> list[tuple[str, int]]:
     """The BatchNorm layers of `model` that normalize over at most FEW_VALUES values per channel in a
     training forward on `inputs`, with that count. The forward runs on copies (of the model and of the
@@ -870,5 +877,5 @@ def assert_equivalent(
         reference64=float64_copy(reference) if fp64_reference and needs_float64_reference(reference, inputs) else None,
     )
     if not all(c.passed for c in checks):
-        norms = few_value_norms(reference, inputs) if train and steps > 0 and small_failures_only(checks) else []
+        norms = norms_behind(checks, reference, inputs)
         raise AssertionError(failure_summary(checks) + (f"\n{few_values_hint(norms)}" if norms else ""))

@@ -18,11 +18,10 @@ from .testing import (
     compare_models,
     copy_model,
     failure_summary,
-    few_value_norms,
     few_values_hint,
     float64_copy,
     needs_float64_reference,
-    small_failures_only,
+    norms_behind,
     validate_options,
 )
 
@@ -45,7 +44,7 @@ class VerifyReport:
     optimize_report: Any = None  # the optimized copy's `fxfuse_report`, if it had one
     fp64_reference: bool = False  # whether a float64 copy of the model was the reference
     # On a failure by small differences only: the BatchNorm layers that normalize over at most FEW_VALUES
-    # values per channel at these inputs, with that count (fxfuse.testing.few_value_norms).
+    # values per channel at these inputs, with that count (fxfuse.testing.norms_behind).
     few_value_norms: list[tuple[str, int]] = field(default_factory=list)
 
     @property
@@ -167,5 +166,5 @@ def verify(
         dtype=dtype,
         optimize_report=getattr(candidate, "fxfuse_report", None),
         fp64_reference=reference64 is not None,
-        few_value_norms=few_value_norms(reference, inputs) if steps > 0 and small_failures_only(checks) else [],
+        few_value_norms=norms_behind(checks, reference, inputs),
     )
