@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import textwrap
-import time
 from typing import Callable, Optional
 
 import instructions
@@ -41,32 +39,6 @@ from torch import nn
 
 import fxfuse
 from fxfuse.fusion import runtime
-
-
-def _per_call(fn: Callable[[], None], calls: int) -> tuple[float, float]:
-    """(all, host): µs a call of the thread's CPU time (both the same), or under callgrind thousands of
-    instructions a call and those outside the compute kernels (instructions.KERNELS)."""
-    if instructions.active():
-        counts = instructions.count(fn, calls)
-        return counts.total / 1e3, counts.host / 1e3
-    # The thread's CPU time, not the wall clock: with one thread it is all the host spends, and other
-    # processes on the machine do not count into it (they still share caches: keep the box quiet).
-    start = time.thread_time()
-    for _ in range(calls):
-        fn()
-    t = (time.thread_time() - start) / calls * 1e6
-    return t, t
-
-
-def _rounds(variants: dict[str, Callable[[], None]], calls: int, rounds: int) -> dict[str, tuple[float, float]]:
-    for fn in variants.values():  # warm up: first calls build caches, graphs and autograd nodes
-        for _ in range(3):
-            fn()
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-    for _ in range(1 if instructions.active() else rounds):  # a count does not vary between rounds
-        for name, fn in variants.items():
-            times[name].append(_per_call(fn, calls))
-    return {name: (statistics.median(a for a, _ in t), statistics.median(h for _, h in t)) for name, t in times.items()}
 
 
 def _train(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], None]:
@@ -164,7 +136,7 @@ def sites(calls: int, rounds: int) -> list[list]:
         variants = {"eager": eager, "fxfuse": fused}
         if redo is not None:
             variants["recompute"] = redo
-        t = _rounds(variants, calls, rounds)
+        t = instructions.rounds(variants, calls, rounds)
         redone = t["recompute"][0] if redo is not None else 0.0
         row = [name.split(" (")[0], f"{t['eager'][0]:.0f}", f"{t['fxfuse'][0]:.0f}", f"{redone:.0f}"]
         row += [f"{t['fxfuse'][0] / t['eager'][0]:.2f}", f"{t['fxfuse'][0] / (t['eager'][0] + redone):.2f}"]
@@ -205,7 +177,7 @@ def steps(calls: int, rounds: int, shape=(2, 3, 16, 16)) -> list[list]:
         for label, options in (("fast", {"mode": "fast"}), ("memory", {"mode": "memory"}),
                                ("budget 0.5", {"memory_budget": 0.5})):  # fmt: skip
             variants[label] = fxfuse.optimize(copy.deepcopy(model), x, **options)
-        t = _rounds({label: _train(m, x) for label, m in variants.items()}, calls, rounds)
+        t = instructions.rounds({label: _train(m, x) for label, m in variants.items()}, calls, rounds)
         row = [name, f"{t['eager'][0] / 1e3:.1f}"]
         for part in (0, 1) if instructions.active() else (0,):
             row += [f"{t[k][part] / t['eager'][part]:.2f}" for k in variants if k != "eager"]

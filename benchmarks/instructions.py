@@ -13,6 +13,10 @@ device, so the rest is what the host spends; on ResNet-50 at 2×3×16×16 the ke
 step: the weights, not the input, set their size. The switch is callgrind's client requests, which
 only C can issue: a tiny shared library, compiled here with the system's cc from valgrind's
 callgrind.h on first use.
+
+`parse_args` gives a benchmark its --instructions switch, and `rounds` measures its variants either
+way: instructions in the callgrind run, the thread's CPU time otherwise (host_cost.py,
+region_overhead.py).
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import ctypes
 import glob
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Callable, NamedTuple
 
 _ENV = "FXFUSE_CALLGRIND_DIR"
@@ -136,3 +142,36 @@ def count(fn: Callable[[], None], calls: int) -> Counts:
     os.remove(dump)
     totals = [line for line in lines if line.startswith("totals:")]
     return Counts(int(totals[0].split()[1]) / calls, kernel_instructions(lines) / calls)
+
+
+def per_call(fn: Callable[[], None], calls: int) -> tuple[float, float]:
+    """(all, host) a call of `fn` over `calls` calls: in the callgrind run thousands of instructions and
+    those outside the compute kernels (KERNELS); else µs of the thread's CPU time, both the same."""
+    if active():
+        counts = count(fn, calls)
+        return counts.total / 1e3, counts.host / 1e3
+    # The thread's CPU time, not the wall clock: with one thread it is all the host spends, and other
+    # processes on the machine do not count into it (they still share caches: keep the box quiet).
+    start = time.thread_time()
+    for _ in range(calls):
+        fn()
+    t = (time.thread_time() - start) / calls * 1e6
+    return t, t
+
+
+def rounds(
+    variants: dict[str, Callable[[], None]], calls: int, repeats: int, warmup: int = 3
+) -> dict[str, tuple[float, float]]:
+    """per_call of each variant: the median of `repeats` interleaved rounds (each measures every variant
+    once), after `warmup` calls of each (first calls build caches, graphs and autograd nodes). One round
+    in the callgrind run: a count does not vary between rounds."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    for _ in range(1 if active() else repeats):
+        for name, fn in variants.items():
+            measured[name].append(per_call(fn, calls))
+    return {
+        name: (statistics.median(a for a, _ in m), statistics.median(h for _, h in m)) for name, m in measured.items()
+    }

@@ -15,8 +15,6 @@ update). µs of the thread's CPU time a call (median of interleaved rounds), or 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import types
 from typing import Callable
 
@@ -54,25 +52,9 @@ def main() -> None:
     args = instructions.parse_args(parser)
     torch.set_num_threads(1)
     fns = variants()
-    for fn in fns.values():
-        for _ in range(20):
-            fn()
-    costs: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(1 if instructions.active() else args.rounds):
-        for name, fn in fns.items():
-            if instructions.active():
-                costs[name].append(instructions.count(fn, args.calls).total / 1e3)
-                continue
-            start = time.thread_time()
-            for _ in range(args.calls):
-                fn()
-            costs[name].append((time.thread_time() - start) / args.calls * 1e6)
+    costs = {name: total for name, (total, _) in instructions.rounds(fns, args.calls, args.rounds, warmup=20).items()}
     unit = "k instructions" if instructions.active() else "µs"
-    base = statistics.median(costs["direct"])
-    rows = [
-        [name, f"{statistics.median(c):.0f}", f"{statistics.median(c) - base:.0f}", python_calls(fns[name])]
-        for name, c in costs.items()
-    ]
+    rows = [[name, f"{c:.0f}", f"{c - costs['direct']:.0f}", python_calls(fns[name])] for name, c in costs.items()]
     print(f"one two-op region (2×8×4×4), forward + backward, one thread: {unit} a call")
     print(tabulate(rows, headers=["call", unit, "beyond direct", "Python calls"], tablefmt="github"))
 
