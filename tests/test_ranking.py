@@ -29,6 +29,7 @@ def _profile():
 def unweighted(monkeypatch):
     """Regions costed by their ops' time alone, as the per-site upgrades are (the ordering logic)."""
     monkeypatch.setattr(ranking, "REGION_TIME_COST", 1.0)
+    monkeypatch.setattr(ranking, "REGION_CALL_OPS", 0)
 
 
 def test_one_list_cheapest_first_and_a_link_after_its_regions(unweighted):
@@ -71,12 +72,34 @@ def test_region_time_weighs_more_than_a_sites(monkeypatch):
     """A region's recompute second costs REGION_TIME_COST times a site's (measured): at 2.5, region "a"
     at 10 FLOP/B ranks after an upgrade at 20 FLOP/B; at 1.5 before it. The displayed ratio stays its own."""
     upgrade, _ = _upgrade("c.conv1", "c.bn1", 20.0)
+    monkeypatch.setattr(ranking, "REGION_CALL_OPS", 0)
     monkeypatch.setattr(ranking, "REGION_TIME_COST", 2.5)
     ranked = ranking.rank([upgrade], _profile())
     assert [e.name for e in ranked][:2] == ["c.conv1 + c.bn1", "a"]
     assert ranked[1].describe() == f"10 FLOP/B, est. {2.5 * time_model.seconds(1000) * 1e3:.2f} ms"
     monkeypatch.setattr(ranking, "REGION_TIME_COST", 1.5)
     assert [e.name for e in ranking.rank([upgrade], _profile())][:2] == ["a", "c.conv1 + c.bn1"]
+
+
+def test_a_region_pays_for_its_checkpointed_call(monkeypatch):
+    """Each region runs as one checkpoint call, whose host cost does not shrink with the region: a 0-FLOP
+    chain that frees a few KiB ranks after an upgrade that recomputes a small conv for as many bytes, and
+    a link (its chain's wrapping call) pays it too. A rebuild runs inside the fused ops: no call."""
+    monkeypatch.setattr(ranking, "REGION_TIME_COST", 1.0)
+    freed = 16 * 1024
+    chain = RegionCost("c.bn…c.relu", "chain", ("c.bn", "c.relu"), 0, freed, nodes=_nodes("c", 2), moved=5 * freed)
+    upgrade, _ = _upgrade("d.conv", "d.bn", 64.0, marginal=freed)  # a 1x1 conv, 1 MFLOP
+    call = time_model.seconds(0, 0, ranking.REGION_CALL_OPS)
+    assert call == pytest.approx(ranking.REGION_CALL_OPS * time_model.OP_SECONDS) and call > 2e-4
+    ranked = ranking.rank([upgrade], Profile([chain], [], {}))
+    assert [e.name for e in ranked] == ["d.conv + d.bn", "c.bn…c.relu"]
+    assert ranked[1].seconds == pytest.approx(time_model.seconds(0, 5 * freed) + call)
+    link = ranking.RegionCandidate(LinkCost("a", "b", flops=1000, freed_bytes=200), "link", 5.0)
+    assert link.seconds == pytest.approx(time_model.seconds(1000) + call)
+    rebuild = ranking.rebuild_candidate(freed, moved=2 * freed, ops=3)
+    assert rebuild.seconds == pytest.approx(time_model.seconds(0, 2 * freed, 3))
+    monkeypatch.setattr(ranking, "REGION_CALL_OPS", 0)  # without it, the chain came first
+    assert [e.name for e in ranking.rank([upgrade], Profile([chain], [], {}))] == ["c.bn…c.relu", "d.conv + d.bn"]
 
 
 def test_bytes_moved_cost_time_like_flops(unweighted):

@@ -15,7 +15,7 @@ from fxfuse import measure
 from fxfuse.fusion import tracing
 from fxfuse.fusion.plan import Options, Plan
 from fxfuse.fusion.regions import graph as regions
-from fxfuse.fusion.regions import recompute
+from fxfuse.fusion.regions import ranking, recompute
 from fxfuse.testing import assert_equivalent
 
 optimize_module = importlib.import_module("fxfuse.fusion.optimize")
@@ -396,9 +396,12 @@ def test_modules_inside_a_block_are_inner_regions_at_any_depth():
     assert_equivalent(model, fresh, x, dtype=torch.float64, steps=2)
 
 
-def test_a_budget_recomputes_inner_regions_without_a_tail_conv_exactly_with_second_order_gradients():
+def test_a_budget_recomputes_inner_regions_without_a_tail_conv_exactly_with_second_order_gradients(monkeypatch):
     import fxfuse
 
+    # Priced without a checkpoint call's fixed cost, which at this tiny input moves the budget from the inner
+    # regions to conv upgrades: the test is of the inner regions' exactness.
+    monkeypatch.setattr(ranking, "REGION_CALL_OPS", 0)
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     model = _aggregating_net(c=8).double()
     model(x)

@@ -18,6 +18,7 @@ from torch import nn
 
 import fxfuse
 from fxfuse import measure
+from fxfuse.fusion.regions import ranking
 from fxfuse.testing import assert_equivalent, cast_inputs, compare_models, copy_model, failure_summary
 
 # One model per library in make test; the rest under the zoo marker.
@@ -182,7 +183,10 @@ def test_yolov8n_train_mode_meets_a_memory_budget_of_0_3():
         pytest.param(0.3, "rebuild", marks=pytest.mark.zoo),
     ],
 )
-def test_yolov8n_recomputing_inside_blocks_is_exact(budget, taken):
+def test_yolov8n_recomputing_inside_blocks_is_exact(budget, taken, monkeypatch):
+    # The plans these budgets were chosen for, priced without a checkpoint call's fixed cost: at this small
+    # input that cost moves the budget's choice to conv upgrades, and the test is of the regions' exactness.
+    monkeypatch.setattr(ranking, "REGION_CALL_OPS", 0)
     entry, model = _build("yolov8n")
     x = entry.example_input()
     optimized = fxfuse.optimize(copy.deepcopy(model), (x,), memory_budget=budget)

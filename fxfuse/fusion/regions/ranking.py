@@ -100,10 +100,13 @@ class RegionCandidate:
 
     @property
     def seconds(self) -> float:
-        """Its recompute's estimated time, weighted by REGION_TIME_COST (a rebuild runs one kernel per
-        tensor, no forward again: not weighted)."""
-        weight = 1.0 if self.kind == "rebuild" else REGION_TIME_COST
-        return weight * time_model.seconds(self.cost.flops, self.cost.moved, self.cost.ops)
+        """Its recompute's estimated time, weighted by REGION_TIME_COST, and the checkpointed call it adds
+        (REGION_CALL_OPS). A rebuild runs one kernel per tensor inside the fused ops, no forward again and
+        no call of its own: neither applies."""
+        if self.kind == "rebuild":
+            return time_model.seconds(self.cost.flops, self.cost.moved, self.cost.ops)
+        recompute = REGION_TIME_COST * time_model.seconds(self.cost.flops, self.cost.moved, self.cost.ops)
+        return recompute + time_model.seconds(0, 0, REGION_CALL_OPS)
 
     def describe(self) -> str:
         return _described(self.flops_per_byte, self.cost.moved, self.cost.freed_bytes, self.seconds)
@@ -129,6 +132,14 @@ def _overlaps(a: RegionCost, b: RegionCost) -> bool:
 # blocks, 2.0-6.5x on EfficientNet-B0's (depthwise convs, squeeze-excite); the geometric mean of the
 # twelve is 1.5. Under the FLOP-only cost this replaced it was 2.6, pointwise work included.
 REGION_TIME_COST = 1.5
+
+# What one checkpointed call costs beyond the ops it runs, in ops (the time model's cost of one op): a region
+# runs as one call of non-reentrant torch.utils.checkpoint, and a nested link wraps its chain in one more.
+# benchmarks/region_overhead.py: checkpoint adds 270-500 µs of host time to a region's forward and backward
+# on the 2-core machines here, where OP_SECONDS is 3.4 µs. Nothing beside a block's recompute at 224²
+# (milliseconds), but most of a region's cost on tiny inputs: without it, ResNet-50's budget at 2×3×16×16
+# took two 0-FLOP chains that free 16 and 32 KiB, a checkpoint call each.
+REGION_CALL_OPS = 80
 
 
 REBUILD_NAME = "BN→activation outputs"
