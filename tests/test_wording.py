@@ -110,7 +110,9 @@ def test_the_estimated_cost_and_the_nearest_cheaper_point():
     choice = Choice("budget", budget=0.3, eager_bytes=1000, selected_bytes=250)
     alone = wording.estimated_cost(choice, 1.2, 1.5, None, 0.0)
     assert alone.startswith("estimated cost: 0.250× costs 1.20× (saved activations and step time × eager's")
-    assert "a region's weighted 1.5×" in alone
+    assert "a region's weighted 1.5×)" in alone
+    priced = wording.estimated_cost(choice, 1.2, 1.5, None, 0.0, 80)
+    assert "a region's weighted 1.5×, plus 80 ops for its checkpoint call)" in priced
     cheaper = wording.estimated_cost(choice, 1.2, 1.5, 301, 1.1)
     assert cheaper.startswith("nearest cheaper point: 0.250× costs 1.20×; 0.301× costs 1.10× (memory_budget=0.31;")
 

@@ -77,7 +77,7 @@ def device_note(device: str, rates_measured_there: bool = False) -> str:
     rates = "" if rates_measured_there else "the time model's FLOP and byte rates, "
     return (
         f"on {device}: the ranking's cost constants (auto's {AUTO_MAX_FLOPS_PER_BYTE:.0f} FLOP/B limit, "
-        f"{rates}regions' {ranking.REGION_TIME_COST}x) were measured on CPU and "
+        f"{rates}regions' {ranking.REGION_TIME_COST}x and {ranking.REGION_CALL_OPS}-op call) were measured on CPU and "
         f"are not calibrated for {device}; measure the chosen plan with `fxfuse bench --device {device}`"
     )
 
@@ -511,7 +511,9 @@ def _say_cost(prefixes: _Prefixes, choice: Choice, k: int) -> None:
     cheaper = next((j for j in range(k - 1, -1, -1) if costs[j] <= costs[k] - CHEAPER_BY), None)
     there = prefixes.saved(cheaper) if cheaper is not None else None
     cost_there = costs[cheaper] if there is not None else 0.0
-    choice.notes.append(wording.estimated_cost(choice, costs[k], ranking.REGION_TIME_COST, there, cost_there))
+    choice.notes.append(
+        wording.estimated_cost(choice, costs[k], ranking.REGION_TIME_COST, there, cost_there, ranking.REGION_CALL_OPS)
+    )
 
 
 def _optional(count: Callable[[], int]) -> Optional[int]:

@@ -207,16 +207,24 @@ def unreachable(choice: Choice, k: int, entries: int) -> str:
 
 
 def estimated_cost(
-    choice: Choice, cost: float, region_time_cost: float, cheaper_bytes: Optional[int], cheaper_cost: float
+    choice: Choice,
+    cost: float,
+    region_time_cost: float,
+    cheaper_bytes: Optional[int],
+    cheaper_cost: float,
+    region_call_ops: int = 0,
 ) -> str:
     """The chosen plan's estimated step time (`cost` × eager's), and the nearest cheaper point's saved bytes
-    and cost where there is one (`cheaper_bytes` None: there is none)."""
+    and cost where there is one (`cheaper_bytes` None: there is none). `region_call_ops`: what the model
+    prices a region's checkpoint call at, in ops."""
     eager = choice.eager_bytes
     here = f"{choice.selected_bytes / eager:.3f}× costs {cost:.2f}×"
     how = (
         "saved activations and step time × eager's; times are estimates from the ranking's cost model "
         "(time_model.py: recompute FLOPs and bytes moved against eager's step's, "
-        f"a region's weighted {region_time_cost}×): "
+        f"a region's weighted {region_time_cost}×"
+        + (f", plus {region_call_ops} ops for its checkpoint call" if region_call_ops else "")
+        + "): "
         "measure with `fxfuse bench`"
     )
     if cheaper_bytes is None:
