@@ -134,7 +134,8 @@ def _overlaps(a: RegionCost, b: RegionCost) -> bool:
 REGION_TIME_COST = 1.5
 
 # What one checkpointed call costs beyond the ops it runs, in ops (the time model's cost of one op): a region
-# runs as one call of non-reentrant torch.utils.checkpoint, and a nested link wraps its chain in one more.
+# runs as one call of non-reentrant torch.utils.checkpoint, and a link is charged one too: a nested chain's
+# wrapping call (one per chain however many links it has, so a long chain is charged more than it costs).
 # benchmarks/region_overhead.py: checkpoint adds 270-500 µs of host time to a region's forward and backward
 # on the 2-core machines here, where OP_SECONDS is 3.4 µs. Nothing beside a block's recompute at 224²
 # (milliseconds), but most of a region's cost on tiny inputs: without it, ResNet-50's budget at 2×3×16×16
