@@ -18,9 +18,10 @@ step time the model predicts against the one measured.
 
 Then REGION_TIME_COST (fusion/regions/ranking.py): for four blocks of each --region-models model (fused
 in the pointwise form a recompute region runs), the time a train step of the block takes under
-non-reentrant `torch.utils.checkpoint` (what a region runs under) beyond its plain step, against what
-the time model prices its forward at, less the checkpoint call's fixed cost (REGION_CALL_OPS, priced
-apart); the factor is the geometric mean of those ratios. Run it with nothing else on the machine.
+non-reentrant `torch.utils.checkpoint` (what a region runs under) beyond its plain step, less the
+checkpoint call's fixed cost (ranking.REGION_CALL_OPS, which the ranking prices apart), against what
+the time model prices its forward at; the factor is the geometric mean of those ratios. Run it with
+nothing else on the machine.
 """
 
 from __future__ import annotations
@@ -145,13 +146,16 @@ def main(argv=None) -> None:
         )
     print(f"regions, priced with time_model.py's constants ({time_model.__file__}):")
     ratios = []
-    call = time_model.seconds(0, 0, ranking.REGION_CALL_OPS)  # priced apart from the factor
+    call = time_model.seconds(0, 0, ranking.REGION_CALL_OPS)  # the ranking prices it apart from the factor
     for spec in args.region_models.split(","):
         x = torch.randn(args.batch, 3, args.size, args.size).to(memory_format=torch.channels_last)
         model = load_model(spec).to(memory_format=torch.channels_last)
         for path, extra, price in region_overheads(model, x, BLOCKS.get(spec, [])):
             ratios.append((extra - call) / price)
-            print(f"  {spec} {path}: checkpoint adds {extra * 1e3:.1f} ms, its forward priced {price * 1e3:.1f} ms")
+            print(
+                f"  {spec} {path}: checkpoint adds {extra * 1e3:.1f} ms (the call {call * 1e3:.2f}), "
+                f"its forward priced {price * 1e3:.1f} ms"
+            )
     if ratios:
         factor = statistics.geometric_mean(max(r, 1e-3) for r in ratios)
         print(f"REGION_TIME_COST = {factor:.2f}  # geometric mean of {len(ratios)} blocks' ratios")

@@ -13,6 +13,7 @@ from fxfuse import measure
 from fxfuse.errors import ConfigurationError
 from fxfuse.fusion import policy
 from fxfuse.fusion.plan import SiteData
+from fxfuse.fusion.regions import ranking
 from fxfuse.testing import assert_equivalent
 
 
@@ -341,6 +342,7 @@ def test_cpu_measured_constants_are_flagged_for_another_device():
     assert policy.device_notes((torch.randn(2), {"m": torch.empty(2, device="meta")})) == []
     note = policy.device_note("cuda")
     assert note.startswith("on cuda:") and "measured on CPU" in note and "fxfuse bench --device cuda" in note
+    assert f"regions' {ranking.REGION_TIME_COST}x and {ranking.REGION_CALL_OPS}-op call)" in note
 
 
 def test_report_names_each_recomputed_regions_kind():

@@ -16,14 +16,14 @@ convs and matmuls, bytes moved for the rest):
   that other ops keep is rebuilt for them in backward from the BN input (passes/rebuild.py);
   costs one pointwise pass per op that keeps one, counted on the meta device.
 
-Entries are sorted by estimated seconds per byte, cheapest first (a region's or link's time
-weighted by REGION_TIME_COST, its measured extra cost); a link never comes before its two
-regions. A region is preceded by what it encloses (inner regions, chains, site upgrades)
-even where those cost more per byte: a whole CSP stage frees more per FLOP than any of its
-bottlenecks, but a budget that needs a tenth of its bytes is met by one bottleneck, at a
-fraction of its FLOPs; one that needs them all takes the stage, which replaces them. So a
-prefix never recomputes more than the plain sort would. A selection is a prefix of this one
-list: a tighter budget takes a longer prefix, so it never saves less.
+Entries are sorted by estimated seconds per byte, cheapest first (a region's or link's time weighted
+by REGION_TIME_COST, its measured extra cost, plus its checkpoint call's, REGION_CALL_OPS ops); a
+link never comes before its two regions. A region is preceded by what it encloses (inner regions,
+chains, site upgrades) even where those cost more per byte: a whole CSP stage frees more per FLOP
+than any of its bottlenecks, but a budget that needs a tenth of its bytes is met by one bottleneck,
+at a fraction of its FLOPs; one that needs them all takes the stage, which replaces them. So a
+prefix never recomputes more than the plain sort would. A selection is a prefix of this one list: a
+tighter budget takes a longer prefix, so it never saves less.
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ def _overlaps(a: RegionCost, b: RegionCost) -> bool:
 REGION_TIME_COST = 1.5
 
 # What one checkpointed call costs beyond the ops it runs, in ops (the time model's cost of one op): a region
-# runs as one call of non-reentrant torch.utils.checkpoint, and a link is charged one too: a nested chain's
-# wrapping call (one per chain however many links it has, so a long chain is charged more than it costs).
+# runs as one call of non-reentrant torch.utils.checkpoint, and a link is charged one too: a nested chain runs
+# under one more call, whose recompute runs its members' calls again, so that call costs more the longer the
+# chain (timed with torch.utils.checkpoint on chains of 2-6 tiny members: about one call per link).
 # benchmarks/region_overhead.py: checkpoint adds 270-500 µs of host time to a region's forward and backward
 # on the 2-core machines here, where OP_SECONDS is 3.4 µs. Nothing beside a block's recompute at 224²
 # (milliseconds), but most of a region's cost on tiny inputs: without it, ResNet-50's budget at 2×3×16×16
@@ -271,7 +272,8 @@ def estimated_gain(selection: Selection) -> int:
 
 
 def recompute_cost(selection: Selection) -> float:
-    """The selection's estimated recompute seconds, a region's (and a nested link's) weighted by REGION_TIME_COST."""
+    """The selection's estimated recompute seconds, a region's (and a nested link's) weighted by REGION_TIME_COST
+    and with its checkpoint call (REGION_CALL_OPS)."""
     nested = [link for link in selection.links if (link.cost.first, link.cost.second) not in selection.flat_links]
     rebuild = [selection.rebuild] if selection.rebuild else []
     return sum(e.seconds or 0.0 for e in [*selection.upgrades, *selection.regions, *nested, *rebuild])
