@@ -9,9 +9,10 @@ recompute, so dropout draws the same mask. A custom autograd.Function that runs 
 forward under no_grad and backpropagates through a recompute in its backward was
 measured no faster (ResNet-50, 8x3x224x224, memory_budget=0.3: 2.35 s per train step
 against checkpoint's 2.31 s, same gradients), and it cannot stop the recompute early.
-Checkpoint's own cost is fixed per region (benchmarks/region_overhead.py: ~0.85 M
-instructions, 0.5 ms here, forward + backward): small beside a recompute at 224²,
-most of it on tiny inputs.
+Checkpoint's own cost is a fixed part per call (benchmarks/region_overhead.py's two-op
+region: ~0.85 M instructions, 0.3-0.5 ms here, forward + backward) and a part per tensor
+the region's ops save, whose hooks it runs: small beside a recompute at 224², most of it
+on tiny inputs. The ranking prices the fixed part (ranking.REGION_CALL_OPS).
 
 The recompute must not change module state a second time: BatchNorm's running
 statistics and `num_batches_tracked`, or any buffer the region updates in place.
