@@ -90,7 +90,7 @@ def test_a_region_pays_for_its_checkpointed_call(monkeypatch):
     chain = RegionCost("c.bn…c.relu", "chain", ("c.bn", "c.relu"), 0, freed, nodes=_nodes("c", 2), moved=5 * freed)
     upgrade, _ = _upgrade("d.conv", "d.bn", 64.0, marginal=freed)  # a 1x1 conv, 1 MFLOP
     call = time_model.seconds(0, 0, ranking.REGION_CALL_OPS)
-    assert call == pytest.approx(ranking.REGION_CALL_OPS * time_model.OP_SECONDS) and call > 2e-4
+    assert call == pytest.approx(ranking.REGION_CALL_OPS * time_model.OP_SECONDS) and call > 1e-4
     ranked = ranking.rank([upgrade], Profile([chain], [], {}))
     assert [e.name for e in ranked] == ["d.conv + d.bn", "c.bn…c.relu"]
     assert ranked[1].seconds == pytest.approx(time_model.seconds(0, 5 * freed) + call)

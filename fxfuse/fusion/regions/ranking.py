@@ -141,7 +141,7 @@ REGION_TIME_COST = 1.5
 # on the 2-core machines here, where OP_SECONDS is 3.4 µs. Nothing beside a block's recompute at 224²
 # (milliseconds), but most of a region's cost on tiny inputs: without it, ResNet-50's budget at 2×3×16×16
 # took two 0-FLOP chains that free 16 and 32 KiB, a checkpoint call each.
-REGION_CALL_OPS = 80
+REGION_CALL_OPS = 45
 
 
 REBUILD_NAME = "BN→activation outputs"

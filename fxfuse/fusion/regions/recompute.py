@@ -23,13 +23,13 @@ which are then dropped; the real buffers are neither read nor written by it.
 
 from __future__ import annotations
 
-import contextlib
 import types
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+from fxfuse.fusion.regions.checkpointed import checkpointed
 
 
 class RegionCall:
@@ -63,15 +63,11 @@ class RegionCall:
         owner = self.owner(components)
         if not torch.is_grad_enabled():
             return self.fn(owner, *inputs)
-        return checkpoint(
+        return checkpointed(
             self.fn,
+            lambda: _buffers_swapped(self._modules(owner), owner if "" in self.module_paths else None),
             owner,
             *inputs,
-            use_reentrant=False,
-            context_fn=lambda: (
-                contextlib.nullcontext(),
-                _buffers_swapped(self._modules(owner), owner if "" in self.module_paths else None),
-            ),
         )
 
     def _modules(self, owner: types.SimpleNamespace) -> list[nn.Module]:
