@@ -18,7 +18,8 @@ step time the model predicts against the one measured.
 
 Then REGION_TIME_COST (fusion/regions/ranking.py): for four blocks of each --region-models model (fused
 in the pointwise form a recompute region runs), the time a train step of the block takes under
-non-reentrant `torch.utils.checkpoint` (what a region runs under) beyond its plain step, less the
+fxfuse's non-reentrant checkpoint (fusion/regions/checkpointed.py, what a region runs under; until
+2026-12-02 `torch.utils.checkpoint`, which the factor 1.5 was fitted with) beyond its plain step, less the
 checkpoint call's fixed cost (ranking.REGION_CALL_OPS, which the ranking prices apart), against what
 the time model prices its forward at; the factor is the geometric mean of those ratios. Run it with
 nothing else on the machine.
@@ -27,18 +28,21 @@ nothing else on the machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import time
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 import fxfuse
 from fxfuse.commands._common import load_model
 from fxfuse.fusion.regions import ranking, time_model
+from fxfuse.fusion.regions.checkpointed import checkpointed
 from fxfuse.measure import train_step
 from fxfuse.measure.traffic import OpCosts
+
+_NOTHING = contextlib.nullcontext
 
 # Blocks a budget recomputes as regions, by model (the first of each stage, and DLA's stages).
 BLOCKS = {
@@ -104,7 +108,7 @@ def region_overheads(model: torch.nn.Module, x: torch.Tensor, paths: list, repea
         block = fxfuse.optimize(copy.deepcopy(model.get_submodule(path)), inputs[path], mode="fast")
         h = inputs[path].clone().requires_grad_()
         plain = _fastest(lambda b=block, h=h: b(h).square().mean().backward(), repeats)
-        ckpt = _fastest(lambda b=block, h=h: checkpoint(b, h, use_reentrant=False).square().mean().backward(), repeats)
+        ckpt = _fastest(lambda b=block, h=h: checkpointed(b, _NOTHING, h).square().mean().backward(), repeats)
         with torch.no_grad(), OpCosts() as costs:
             block(h)
         priced = sum(time_model.seconds(op.flops, op.moved, 1 if op.moved else 0) for op in costs.ops)

@@ -218,3 +218,34 @@ def test_torch_func_transforms_raise_as_torch_checkpoint_does(torch_checkpoint_c
         errors[name] = str(error.value)
     assert errors["torch"] == errors["fxfuse"]
     assert len(torch_checkpoint_calls) == 2
+
+
+def test_nested_calls_stay_lean_and_match_eager_with_dropout(torch_checkpoint_calls):
+    """A link's chain: regions called inside another's forward and recompute. The inner calls' inputs are
+    kept by the outer frame and rebuilt by its recompute, as torch's nested checkpoints do."""
+    w, x = _inputs()
+
+    def inner(w, x):
+        return F.dropout(torch.tanh(F.conv2d(x, w, padding=1)), 0.3, training=True)
+
+    def eager(w, x):
+        return inner(w, inner(w, torch.relu(x))[:, :3]).pow(2)
+
+    def nested(w, x):
+        h = checkpointed(inner, contextlib.nullcontext, w, torch.relu(x))[:, :3]
+        return checkpointed(inner, contextlib.nullcontext, w, h).pow(2)
+
+    def outer(w, x):
+        return checkpointed(nested, contextlib.nullcontext, w, x)
+
+    torch.manual_seed(3)
+    want = _grads(eager(w, x), (w, x), create_graph=True)
+    torch.manual_seed(3)
+    got = _grads(outer(w, x), (w, x), create_graph=True)
+    assert torch_checkpoint_calls == []
+    for a, b in zip(want, got):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    second_want = torch.autograd.grad(sum(g.square().sum() for g in want), (w, x))
+    second_got = torch.autograd.grad(sum(g.square().sum() for g in got), (w, x))
+    for a, b in zip(second_want, second_got):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

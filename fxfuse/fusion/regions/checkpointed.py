@@ -83,7 +83,10 @@ def _lean_applies(args: tuple) -> bool:
     if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
         return False
     autograd = torch._C._autograd
-    if autograd._top_saved_tensors_default_hooks(False) is not None or not autograd._saved_tensors_hooks_is_enabled():
+    if not autograd._saved_tensors_hooks_is_enabled():
+        return False
+    top = autograd._top_saved_tensors_default_hooks(False)
+    if top is not None and type(getattr(top[0], "__self__", None)) not in _OWN_HOOKS:
         return False
     if torch_checkpoint._checkpoint_debug_enabled or torch_checkpoint._enable_checkpoint_early_stop is not None:
         return False
@@ -164,29 +167,40 @@ class _Frame:
         return x
 
     def _recompute(self) -> list:
-        saved: list = []
-        count = self.count
-
-        def pack(x: torch.Tensor) -> None:
-            saved.append(x.detach() if x.requires_grad else x)
-            if len(saved) == count:
-                raise _Stop
-
+        recompute = _Recompute(self.count)
         args = [a.unpack() if isinstance(a, SavedTensor) else a for a in self.inputs]
         with _forward_rng(self), _forward_autocast(self.device_type, self.autocast), self.recompute_context():
             try:
-                with torch.autograd.graph.saved_tensors_hooks(pack, _identity), torch.enable_grad():
+                with torch.autograd.graph.saved_tensors_hooks(recompute.pack, _identity), torch.enable_grad():
                     _run_without_dynamo(self.fn, args)
-            except _Stop:
-                pass
-        if len(saved) != count:
+            except _Stop as stop:
+                if stop.args[0] is not recompute:
+                    raise
+        saved = recompute.saved
+        if len(saved) != self.count:
             raise CheckpointError(
                 "torch.utils.checkpoint: A different number of tensors was saved "
                 "during the original forward and recomputation.\n"
-                f"Number of tensors saved during forward: {count}\n"
+                f"Number of tensors saved during forward: {self.count}\n"
                 f"Number of tensors saved during recomputation: {len(saved)}."
             )
         return saved
+
+
+class _Recompute:
+    """The recompute's pack hook: keeps what is saved, detached, and stops the recompute at the count."""
+
+    __slots__ = ("saved", "count")
+
+    def __init__(self, count: int) -> None:
+        self.saved: list = []
+        self.count = count
+
+    def pack(self, x: torch.Tensor) -> None:
+        saved = self.saved
+        saved.append(x.detach() if x.requires_grad else x)
+        if len(saved) == self.count:
+            raise _Stop(self)
 
 
 def _identity(x: Any) -> Any:
@@ -234,3 +248,8 @@ def _forward_autocast(device_type: str, state: tuple) -> ContextManager:
         stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache))
     stack.enter_context(torch.autocast("cpu", dtype=cpu_dtype, enabled=cpu_enabled, cache_enabled=cache))
     return stack
+
+
+# A region called inside another's forward or recompute (a link's chain) nests as torch's checkpoints do:
+# its inputs are kept by the enclosing frame's hooks, and rebuilt by its recompute.
+_OWN_HOOKS = (_Frame, _Recompute)

@@ -1,18 +1,20 @@
 """What a rewritten graph calls for a recompute region: run it keeping only its inputs.
 
 A region (regions/graph.py) is a run of graph nodes compiled into a function of its
-own, `fn(owner, *inputs)`. `RegionCall` runs it under non-reentrant
-`torch.utils.checkpoint`: forward keeps only the region's inputs, and backward runs
-the region's forward again (fxfuse's fused kernels included) to rebuild what its
-backward needs, stopping once it has. Checkpoint restores the RNG state for the
-recompute, so dropout draws the same mask. A custom autograd.Function that runs the
-forward under no_grad and backpropagates through a recompute in its backward was
-measured no faster (ResNet-50, 8x3x224x224, memory_budget=0.3: 2.35 s per train step
-against checkpoint's 2.31 s, same gradients), and it cannot stop the recompute early.
-Checkpoint's own cost is a fixed part per call (benchmarks/region_overhead.py's two-op
-region: ~0.85 M instructions, 0.3-0.5 ms here, forward + backward) and a part per tensor
-the region's ops save, whose hooks it runs: small beside a recompute at 224², most of it
-on tiny inputs. The ranking prices the fixed part (ranking.REGION_CALL_OPS).
+own, `fn(owner, *inputs)`. `RegionCall` runs it checkpointed (regions/checkpointed.py:
+torch's non-reentrant protocol at about half torch.utils.checkpoint's host cost, torch's
+own where a transform, a mode or the user's hooks are active): forward keeps only the
+region's inputs, and backward runs the region's forward again (fxfuse's fused kernels
+included) to rebuild what its backward needs, stopping once it has. The RNG state is
+restored for the recompute, so dropout draws the same mask. A custom autograd.Function
+that runs the forward under no_grad and backpropagates through a recompute in its
+backward was measured no faster than torch's checkpoint (ResNet-50, 8x3x224x224,
+memory_budget=0.3: 2.35 s per train step against 2.31 s, same gradients), and it cannot
+stop the recompute early. A call costs a fixed part (benchmarks/region_overhead.py: ~160 µs
+here, forward + backward, against torch's ~250) and a part per op it runs again (~30 µs a
+conv + ReLU pair, their recompute and the hooks of what they save, against torch's ~90):
+small beside a recompute at 224², most of a region's cost on tiny inputs. The ranking
+prices the fixed part (ranking.REGION_CALL_OPS).
 
 The recompute must not change module state a second time: BatchNorm's running
 statistics and `num_batches_tracked`, or any buffer the region updates in place.
