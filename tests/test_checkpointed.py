@@ -279,3 +279,12 @@ def test_backwards_in_one_graph_exec_group_recompute_once():
         (gw,) = torch.autograd.grad(b.sum(), (w,))
     assert len(entered) == 1
     assert torch.equal(gx, torch.cos(x)) and torch.equal(gw, -torch.sin(w))
+
+
+def test_meta_tensors_run_as_under_torch_checkpoint(torch_checkpoint_calls):
+    """A device without autocast (meta, where fxfuse counts bytes): its autocast state is not read."""
+    w, x = (t.detach().to("meta").requires_grad_() for t in _inputs())
+    out = checkpointed(_body, contextlib.nullcontext, w, x)
+    gw, gx = _grads(out, (w, x))
+    assert torch_checkpoint_calls == []
+    assert gw.device.type == "meta" and gw.shape == w.shape and gx.shape == x.shape

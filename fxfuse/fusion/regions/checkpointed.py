@@ -110,13 +110,12 @@ def _device_initialized(device_type: str) -> bool:
 
 
 def _autocast_state(device_type: str) -> tuple:
-    return (
-        torch.is_autocast_enabled(device_type),
-        torch.get_autocast_dtype(device_type),
-        torch.is_autocast_enabled("cpu"),
-        torch.get_autocast_dtype("cpu"),
-        torch.is_autocast_cache_enabled(),
+    device = (
+        (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        if torch.amp.is_autocast_available(device_type)
+        else None
     )
+    return device, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_autocast_cache_enabled()
 
 
 class _Frame:
@@ -243,8 +242,9 @@ def _forward_autocast(device_type: str, state: tuple) -> ContextManager:
     if _autocast_state(device_type) == state:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
-    enabled, dtype, cpu_enabled, cpu_dtype, cache = state
-    if torch.amp.is_autocast_available(device_type):
+    device, cpu_enabled, cpu_dtype, cache = state
+    if device is not None:
+        enabled, dtype = device
         stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache))
     stack.enter_context(torch.autocast("cpu", dtype=cpu_dtype, enabled=cpu_enabled, cache_enabled=cache))
     return stack
