@@ -288,3 +288,49 @@ def test_meta_tensors_run_as_under_torch_checkpoint(torch_checkpoint_calls):
     gw, gx = _grads(out, (w, x))
     assert torch_checkpoint_calls == []
     assert gw.device.type == "meta" and gw.shape == w.shape and gx.shape == x.shape
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_backward_inside_the_region_runs_as_under_torch_checkpoint(create_graph):
+    """torch.autograd.grad inside `fn` (torch's "Rule 6"): the recompute's own graph is backwarded, so
+    what its ops save must be packed there too. Before, the recompute's pack hook returned None and
+    this raised a TypeError in backward."""
+    torch.manual_seed(0)
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+
+    def body(x):
+        z = torch.cos(torch.sin(x))
+        (gx,) = torch.autograd.grad(z.sum(), x, retain_graph=True, create_graph=create_graph)
+        return gx * z
+
+    want = torch.autograd.grad(torch_checkpoint.checkpoint(body, x, use_reentrant=False).sum(), x)
+    got = torch.autograd.grad(checkpointed(body, contextlib.nullcontext, x).sum(), x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+_KEEPS_FREED = pytest.mark.xfail(
+    strict=True,
+    reason="known: a recompute keeps, until the frame dies, the tensors of nodes that an earlier backward "
+    "(retain_graph=False) already freed; torch's weakly held holders drop them",
+)
+
+
+@pytest.mark.parametrize("run", ["torch", pytest.param("checkpointed", marks=_KEEPS_FREED)])
+def test_a_recompute_keeps_nothing_for_nodes_an_earlier_backward_freed(run):
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    w, x = _inputs()
+    recomputes = []
+
+    def body(w, x):
+        a = torch.sin(x)  # saved by cos: needed by the first output's backward only
+        recomputes.append(StorageWeakRef(a.untyped_storage()))
+        return torch.cos(a), torch.tanh(w)
+
+    if run == "torch":
+        b, d = torch_checkpoint.checkpoint(body, w, x, use_reentrant=False)
+    else:
+        b, d = checkpointed(body, contextlib.nullcontext, w, x)
+    b.sum().backward()  # frees cos's node and what it saved
+    d.sum().backward(retain_graph=True)  # recomputes `a` again: nothing needs it now
+    assert recomputes[2].expired()

@@ -195,11 +195,15 @@ class _Recompute:
         self.saved: list = []
         self.count = count
 
-    def pack(self, x: torch.Tensor) -> None:
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
         saved = self.saved
-        saved.append(x.detach() if x.requires_grad else x)
+        x = x.detach() if x.requires_grad else x
+        saved.append(x)
         if len(saved) == self.count:
             raise _Stop(self)
+        # Packed too, as torch's recompute hook does: a backward inside `fn` (torch.autograd.grad in the
+        # region) runs on the graph its recompute builds.
+        return x
 
 
 def _identity(x: Any) -> Any:
