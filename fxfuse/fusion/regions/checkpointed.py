@@ -14,7 +14,11 @@ shape/dtype/device record (under `no_grad`) per saved tensor, per-graph-task dic
 a dynamo-disable wrapper built anew for every recompute. Here the recompute enters an autocast
 context only where the state differs from the forward's, and a tensor's metadata is not
 recorded: a region is a fixed fx graph run again on the same inputs and buffers, so only the
-count is checked.
+count is checked. One difference is kept: torch holds each saved tensor's slot weakly, so a
+recompute in a later backward drops what nodes freed by an earlier one (retain_graph=False) would
+have needed; here a recompute keeps all it rebuilds until it is handed over or the graph dies.
+That only happens when backwards over parts of one graph follow each other, and costs memory, not
+exactness (tests/test_checkpointed.py holds it as a known failure).
 
 Whatever that leaner path does not handle goes to torch.utils.checkpoint itself: functorch
 transforms, an active torch-function or dispatch mode (device contexts, fake tensors, tracing,
