@@ -308,14 +308,7 @@ def test_a_backward_inside_the_region_runs_as_under_torch_checkpoint(create_grap
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-_KEEPS_FREED = pytest.mark.xfail(
-    strict=True,
-    reason="known: a recompute keeps, until the frame dies, the tensors of nodes that an earlier backward "
-    "(retain_graph=False) already freed; torch's weakly held holders drop them",
-)
-
-
-@pytest.mark.parametrize("run", ["torch", pytest.param("checkpointed", marks=_KEEPS_FREED)])
+@pytest.mark.parametrize("run", ["torch", "checkpointed"])
 def test_a_recompute_keeps_nothing_for_nodes_an_earlier_backward_freed(run):
     from torch.multiprocessing.reductions import StorageWeakRef
 

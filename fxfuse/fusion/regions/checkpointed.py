@@ -14,11 +14,8 @@ shape/dtype/device record (under `no_grad`) per saved tensor, per-graph-task dic
 a dynamo-disable wrapper built anew for every recompute. Here the recompute enters an autocast
 context only where the state differs from the forward's, and a tensor's metadata is not
 recorded: a region is a fixed fx graph run again on the same inputs and buffers, so only the
-count is checked. One difference is kept: torch holds each saved tensor's slot weakly, so a
-recompute in a later backward drops what nodes freed by an earlier one (retain_graph=False) would
-have needed; here a recompute keeps all it rebuilds until it is handed over or the graph dies.
-That only happens when backwards over parts of one graph follow each other, and costs memory, not
-exactness (tests/test_checkpointed.py holds it as a known failure).
+count is checked. As in torch, the frame holds each saved tensor's slot weakly, so a recompute in
+a later backward keeps nothing for nodes an earlier backward freed.
 
 Whatever that leaner path does not handle goes to torch.utils.checkpoint itself: functorch
 transforms, an active torch-function or dispatch mode (device contexts, fake tensors, tracing,
@@ -30,6 +27,7 @@ plain tensor, and checkpoint's global debug or early-stop switches.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
@@ -123,14 +121,14 @@ def _autocast_state(device_type: str) -> tuple:
 
 
 class _Frame:
-    __slots__ = ("fn", "recompute_context", "inputs", "count", "recomputed", "left", "device_type", "autocast")
+    __slots__ = ("fn", "recompute_context", "inputs", "slots", "recomputed", "left", "device_type", "autocast")
     __slots__ += ("cpu_rng", "devices", "device_rng")
 
     def __init__(self, fn: Callable, recompute_context: Callable[[], ContextManager], args: tuple) -> None:
         self.fn = fn
         self.recompute_context = recompute_context
         self.inputs = [_make_saved_tensor(a, is_output=False) if isinstance(a, torch.Tensor) else a for a in args]
-        self.count = 0
+        self.slots: list[weakref.ref] = []  # what each saved tensor was packed as, held by its SavedVariable
         # graph task (or GraphExecGroup) -> the recomputed tensors not yet handed over, None once all were
         self.recomputed: dict[Any, Optional[list]] = {}
         self.left: dict[Any, int] = {}  # graph task -> how many of its tensors are not yet handed over
@@ -142,20 +140,22 @@ class _Frame:
         if _device_initialized(self.device_type):
             self.devices, self.device_rng = torch_checkpoint.get_device_states(*args)
 
-    def pack(self, x: torch.Tensor) -> int:
-        index = self.count
-        self.count = index + 1
-        return index
+    def pack(self, x: torch.Tensor) -> _Slot:
+        slot = _Slot(len(self.slots))
+        self.slots.append(weakref.ref(slot))
+        return slot
 
-    def unpack(self, index: int) -> torch.Tensor:
+    def unpack(self, slot: _Slot) -> torch.Tensor:
+        index = slot.index
         gid = torch._C._get_graph_exec_group()
         if gid is None:
             gid = torch._C._current_graph_task_id()
             if gid == -1:
-                return self._recompute()[index]
+                return self._recompute()[0][index]
         tensors = self.recomputed.get(gid, _MISSING)
         if tensors is _MISSING:
-            tensors = self.recomputed[gid] = self._recompute()
+            tensors, self.left[gid] = self._recompute()
+            self.recomputed[gid] = tensors
         x = tensors[index] if tensors is not None else None
         if x is None:
             raise CheckpointError(
@@ -164,13 +164,14 @@ class _Frame:
                 "to do so only once. Otherwise please open an issue with details on your use case."
             )
         tensors[index] = None
-        left = self.left[gid] = self.left.get(gid, self.count) - 1
+        left = self.left[gid] = self.left[gid] - 1
         if not left:
             self.recomputed[gid] = None
         return x
 
-    def _recompute(self) -> list:
-        recompute = _Recompute(self.count)
+    def _recompute(self) -> tuple[list, int]:
+        """What the forward saved, rebuilt (None where its slot is gone), and how many were kept."""
+        recompute = _Recompute(self.slots)
         args = [a.unpack() if isinstance(a, SavedTensor) else a for a in self.inputs]
         with _forward_rng(self), _forward_autocast(self.device_type, self.autocast), self.recompute_context():
             try:
@@ -180,34 +181,51 @@ class _Frame:
                 if stop.args[0] is not recompute:
                     raise
         saved = recompute.saved
-        if len(saved) != self.count:
+        if len(saved) != len(self.slots):
             raise CheckpointError(
                 "torch.utils.checkpoint: A different number of tensors was saved "
                 "during the original forward and recomputation.\n"
-                f"Number of tensors saved during forward: {self.count}\n"
+                f"Number of tensors saved during forward: {len(self.slots)}\n"
                 f"Number of tensors saved during recomputation: {len(saved)}."
             )
-        return saved
+        return saved, recompute.kept
 
 
 class _Recompute:
-    """The recompute's pack hook: keeps what is saved, detached, and stops the recompute at the count."""
+    """The recompute's pack hook: keeps what is saved, detached, and stops the recompute at the count. A tensor
+    whose slot is gone (its node ran in an earlier backward that freed it) is not kept, as torch's weakly
+    held holders do."""
 
-    __slots__ = ("saved", "count")
+    __slots__ = ("saved", "slots", "kept")
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, slots: list) -> None:
         self.saved: list = []
-        self.count = count
+        self.slots = slots
+        self.kept = 0
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         saved = self.saved
         x = x.detach() if x.requires_grad else x
-        saved.append(x)
-        if len(saved) == self.count:
+        slots = self.slots
+        if slots[len(saved)]() is not None:
+            saved.append(x)
+            self.kept += 1
+        else:
+            saved.append(None)
+        if len(saved) == len(slots):
             raise _Stop(self)
         # Packed too, as torch's recompute hook does: a backward inside `fn` (torch.autograd.grad in the
         # region) runs on the graph its recompute builds.
         return x
+
+
+class _Slot:
+    """What a saved tensor is packed as: its index in the frame, weakly referenced by the frame."""
+
+    __slots__ = ("index", "__weakref__")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 def _identity(x: Any) -> Any:

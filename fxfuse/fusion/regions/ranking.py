@@ -139,8 +139,8 @@ REGION_TIME_COST = 1.5
 # the chain (timed with torch.utils.checkpoint on chains of 2-6 tiny members: about one call per link).
 # `benchmarks/region_overhead.py --pairs 1,3,6,12`: a call adds ~160 µs of host time to a region's forward
 # and backward on the 2-core machines here, plus ~30 µs per conv + ReLU pair it runs again (which the model
-# prices as their recompute), where OP_SECONDS is 3.4 µs. Under torch.utils.checkpoint the call was ~250 µs
-# (80 ops). Nothing beside a block's recompute at 224² (milliseconds), but most of a region's cost on tiny
+# prices as their recompute), where OP_SECONDS is 3.4 µs. Under torch.utils.checkpoint the call was 250-370 µs
+# (priced at 80 ops). Nothing beside a block's recompute at 224² (milliseconds), but most of a region's cost on tiny
 # inputs: without it, ResNet-50's budget at 2×3×16×16 took two 0-FLOP chains that free 16 and 32 KiB, a
 # checkpoint call each.
 REGION_CALL_OPS = 45

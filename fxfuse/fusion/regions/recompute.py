@@ -11,8 +11,8 @@ that runs the forward under no_grad and backpropagates through a recompute in it
 backward was measured no faster than torch's checkpoint (ResNet-50, 8x3x224x224,
 memory_budget=0.3: 2.35 s per train step against 2.31 s, same gradients), and it cannot
 stop the recompute early. A call costs a fixed part (benchmarks/region_overhead.py: ~160 µs
-here, forward + backward, against torch's ~250) and a part per op it runs again (~30 µs a
-conv + ReLU pair, their recompute and the hooks of what they save, against torch's ~90):
+here, forward + backward, against torch's 250-370) and a part per op it runs again (~30 µs a
+conv + ReLU pair, their recompute and the hooks of what they save, against torch's 55-90):
 small beside a recompute at 224², most of a region's cost on tiny inputs. The ranking
 prices the fixed part (ranking.REGION_CALL_OPS).
 
