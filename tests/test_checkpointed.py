@@ -27,6 +27,29 @@ def _inputs(dtype=torch.float64):
     return w, x
 
 
+def _assert_first_and_second_order_close(want, got, inputs):
+    """`want` and `got`: first-order gradients built with create_graph; they and the gradients of their
+    squared sums agree."""
+    for a, b in zip(want, got):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    second_want = torch.autograd.grad(sum(g.square().sum() for g in want), inputs)
+    second_got = torch.autograd.grad(sum(g.square().sum() for g in got), inputs)
+    for a, b in zip(second_want, second_got):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _counted():
+    """A recompute context that counts how often it is entered."""
+    entered = []
+
+    @contextlib.contextmanager
+    def context():
+        entered.append(1)
+        yield
+
+    return context, entered
+
+
 def _grads(out, inputs, create_graph=False):
     return torch.autograd.grad(out.sum(), inputs, create_graph=create_graph)
 
@@ -49,12 +72,7 @@ def test_gradients_and_second_order_gradients_match_eager_without_torch_checkpoi
     eager = _grads(_body(w, x), (w, x), create_graph=True)
     ours = _grads(checkpointed(_body, contextlib.nullcontext, w, x), (w, x), create_graph=True)
     assert torch_checkpoint_calls == []
-    for a, b in zip(eager, ours):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    second_eager = torch.autograd.grad(sum(g.square().sum() for g in eager), (w, x))
-    second_ours = torch.autograd.grad(sum(g.square().sum() for g in ours), (w, x))
-    for a, b in zip(second_eager, second_ours):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    _assert_first_and_second_order_close(eager, ours, (w, x))
 
 
 @pytest.mark.parametrize("run", ["eager", "checkpointed"])
@@ -105,13 +123,7 @@ def test_the_recompute_stops_after_the_last_tensor_backward_needs():
 
 def test_retain_graph_backwards_recompute_once_each_and_agree():
     w, x = _inputs()
-    entered = []
-
-    @contextlib.contextmanager
-    def context():
-        entered.append(1)
-        yield
-
+    context, entered = _counted()
     out = checkpointed(_body, context, w, x)
     first = torch.autograd.grad(out.sum(), (w, x), retain_graph=True)
     second = torch.autograd.grad(out.sum(), (w, x))
@@ -243,12 +255,7 @@ def test_nested_calls_stay_lean_and_match_eager_with_dropout(torch_checkpoint_ca
     torch.manual_seed(3)
     got = _grads(outer(w, x), (w, x), create_graph=True)
     assert torch_checkpoint_calls == []
-    for a, b in zip(want, got):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    second_want = torch.autograd.grad(sum(g.square().sum() for g in want), (w, x))
-    second_got = torch.autograd.grad(sum(g.square().sum() for g in got), (w, x))
-    for a, b in zip(second_want, second_got):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    _assert_first_and_second_order_close(want, got, (w, x))
 
 
 def test_partial_backwards_each_recompute_and_match_eager():
@@ -263,12 +270,7 @@ def test_partial_backwards_each_recompute_and_match_eager():
 
 def test_backwards_in_one_graph_exec_group_recompute_once():
     w, x = _inputs()
-    entered = []
-
-    @contextlib.contextmanager
-    def context():
-        entered.append(1)
-        yield
+    context, entered = _counted()
 
     def two(w, x):
         return torch.sin(x), torch.cos(w)
