@@ -329,3 +329,24 @@ def test_a_recompute_keeps_nothing_for_nodes_an_earlier_backward_freed(run):
     b.sum().backward()  # frees cos's node and what it saved
     d.sum().backward(retain_graph=True)  # recomputes `a` again: nothing needs it now
     assert recomputes[2].expired()
+
+
+def test_a_budget_step_with_dropout_in_its_regions_matches_eager(monkeypatch):
+    """The same check runs on a GPU in test_cuda.py, where the CUDA RNG state is the one restored."""
+    from support.dropout_regions import check_budget_step_with_dropout_matches_eager
+
+    assert check_budget_step_with_dropout_matches_eager("cpu", monkeypatch) > 0
+
+
+def test_a_torch_without_the_apis_it_calls_gets_torch_checkpoint(monkeypatch, torch_checkpoint_calls):
+    """The lean path calls private torch APIs, probed once at import: the pinned torch has them all; where
+    one is missing (another torch version), every call goes to torch.utils.checkpoint."""
+    from fxfuse.fusion.regions import checkpointed as module
+
+    assert module.SUPPORTED
+    monkeypatch.setattr(module, "SUPPORTED", False)
+    w, x = _inputs()
+    out = checkpointed(_body, contextlib.nullcontext, w, x)
+    for a, b in zip(_grads(_body(w, x), (w, x)), _grads(out, (w, x))):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert torch_checkpoint_calls == [1]

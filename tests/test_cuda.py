@@ -483,3 +483,14 @@ def test_cuda_graph_captures_an_optimized_step_and_replays_it_exactly(mode):
         assert len(a) == len(b)
         for i, (t, u) in enumerate(zip(a, b)):
             torch.testing.assert_close(t, u, rtol=1e-9, atol=1e-9, msg=f"{name} {i}")
+
+
+@needs_gpu
+@needs_cuda_kernels
+def test_cuda_budget_regions_with_dropout_match_eager_float64(monkeypatch):
+    """Recompute regions on the GPU run under fxfuse's own checkpoint (fusion/regions/checkpointed.py),
+    which keeps the CUDA RNG state of the forward for the recompute: dropout in a recomputed block draws
+    the forward's mask, and the step is eager's (test_checkpointed.py runs the same check on the CPU)."""
+    from support.dropout_regions import check_budget_step_with_dropout_matches_eager
+
+    assert check_budget_step_with_dropout_matches_eager("cuda", monkeypatch) > 0

@@ -32,7 +32,6 @@ from typing import Any, Callable, ContextManager, Optional
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
-from torch._C._autograd import SavedTensor, _make_saved_tensor
 from torch.utils.checkpoint import CheckpointError
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -80,6 +79,8 @@ class _RecomputesUnder:
 
 
 def _lean_applies(args: tuple) -> bool:
+    if not SUPPORTED:
+        return False
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return False
     if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
@@ -127,7 +128,8 @@ class _Frame:
     def __init__(self, fn: Callable, recompute_context: Callable[[], ContextManager], args: tuple) -> None:
         self.fn = fn
         self.recompute_context = recompute_context
-        self.inputs = [_make_saved_tensor(a, is_output=False) if isinstance(a, torch.Tensor) else a for a in args]
+        saved = torch._C._autograd._make_saved_tensor
+        self.inputs = [saved(a, is_output=False) if isinstance(a, torch.Tensor) else a for a in args]
         self.slots: list[weakref.ref] = []  # what each saved tensor was packed as, held by its SavedVariable
         # graph task (or GraphExecGroup) -> the recomputed tensors not yet handed over, None once all were
         self.recomputed: dict[Any, Optional[list]] = {}
@@ -172,7 +174,7 @@ class _Frame:
     def _recompute(self) -> tuple[list, int]:
         """What the forward saved, rebuilt (None where its slot is gone), and how many were kept."""
         recompute = _Recompute(self.slots)
-        args = [a.unpack() if isinstance(a, SavedTensor) else a for a in self.inputs]
+        args = [a.unpack() if isinstance(a, _SavedTensor) else a for a in self.inputs]
         with _forward_rng(self), _forward_autocast(self.device_type, self.autocast), self.recompute_context():
             try:
                 with torch.autograd.graph.saved_tensors_hooks(recompute.pack, _identity), torch.enable_grad():
@@ -279,3 +281,28 @@ def _forward_autocast(device_type: str, state: tuple) -> ContextManager:
 # A region called inside another's forward or recompute (a link's chain) nests as torch's checkpoints do:
 # its inputs are kept by the enclosing frame's hooks, and rebuilt by its recompute.
 _OWN_HOOKS = (_Frame, _Recompute)
+
+
+def _probe() -> bool:
+    """Whether this torch has every private API the lean path calls (2.14 has): where one is missing, every
+    call goes to torch.utils.checkpoint, the same results at torch's cost."""
+    try:
+        autograd = torch._C._autograd
+        autograd._make_saved_tensor, autograd.SavedTensor  # noqa: B018
+        autograd._top_saved_tensors_default_hooks(False)
+        autograd._saved_tensors_hooks_is_enabled()
+        torch._C._functorch.peek_interpreter_stack()
+        torch._C._len_torch_function_stack() + torch._C._len_torch_dispatch_stack()
+        torch._C._get_graph_exec_group()
+        torch._C._current_graph_task_id()
+        torch_checkpoint._checkpoint_debug_enabled, torch_checkpoint._enable_checkpoint_early_stop  # noqa: B018
+        torch_checkpoint._get_device_module(torch_checkpoint.DefaultDeviceType.get_device_type())
+        torch_checkpoint.get_device_states, torch_checkpoint.set_device_states  # noqa: B018
+        torch.amp.is_autocast_available("cpu") and torch.get_autocast_dtype("cpu")
+    except (AttributeError, TypeError):
+        return False
+    return True
+
+
+SUPPORTED = _probe()
+_SavedTensor = getattr(torch._C._autograd, "SavedTensor", ())
