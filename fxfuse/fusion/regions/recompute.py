@@ -63,8 +63,6 @@ class RegionCall:
     @torch.compiler.disable
     def __call__(self, components: Sequence[Any], *inputs: Any) -> Any:
         owner = self.owner(components)
-        if not torch.is_grad_enabled():
-            return self.fn(owner, *inputs)
         return checkpointed(
             self.fn,
             lambda: _buffers_swapped(self._modules(owner), owner if "" in self.module_paths else None),
