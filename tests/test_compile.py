@@ -235,3 +235,39 @@ def test_compiling_an_optimized_model_warns_of_no_cached_function(monkeypatch):
         warnings.simplefilter("always")
         torch.compile(model, backend="eager")(torch.randn(2, 3, 8, 8)).sum().backward()
     assert not [w for w in seen if "lru_cache" in str(w.message)]
+
+
+@pytest.mark.parametrize("setting", ["fast", "memory", "budget"])
+def test_compiled_autograd_runs_the_fused_backwards_exactly_in_float64(setting):
+    """torch._dynamo.compiled_autograd traces backward through fxfuse's C++ Functions. It asserts
+    a C++ Function's context holds no non-differentiable marks (the statistics and pooling offsets
+    the fused ops return), which fxfuse drops once autograd has wrapped the outputs."""
+    from torch._dynamo import compiled_autograd
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+        Block(8),
+        Block(8),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 4, 1),
+    ).double()
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    options = {"fast": {}, "memory": {"mode": "memory"}, "budget": {"memory_budget": 0.2, "example_inputs": (x,)}}
+    optimized = fxfuse.optimize(copy.deepcopy(model), **options[setting])
+    ops = {s.op for s in optimized.fxfuse_report.fused}
+    marked = "fxfuse::batch_norm_act" if setting == "budget" else "fxfuse::conv_bn_act"
+    assert {marked, "fxfuse::bn_act_conv", "fxfuse::max_pool2d"} <= ops
+    assert (setting == "budget") == any(r.kind != "link" for r in optimized.fxfuse_report.regions)
+    model(x).square().sum().backward()
+    loss = optimized(x).square().sum()
+    with compiled_autograd._enable(torch.compile(backend="eager")):
+        loss.backward()
+    for (name, p), q in zip(model.named_parameters(), optimized.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-9, msg=name)
+    for (name, b), c in zip(model.named_buffers(), optimized.buffers(), strict=True):
+        torch.testing.assert_close(c, b, rtol=1e-12, atol=0, msg=name)

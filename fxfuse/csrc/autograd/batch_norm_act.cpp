@@ -154,7 +154,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_autogr
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool batch_stats, double eps,
     c10::string_view act, double act_param) {
-  auto r = BatchNormAct::apply(
+  auto r = autograd::apply_dropping_marks<BatchNormAct>(
       at::TensorList(), input, weight, bias, running_mean, running_var, batch_stats, eps, act,
       act_param);
   return {r[0], r[1], r[2], r[3]};
@@ -165,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cat_batch_norm_act_au
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool batch_stats, double eps,
     c10::string_view act, double act_param) {
-  auto r = BatchNormAct::apply(
+  auto r = autograd::apply_dropping_marks<BatchNormAct>(
       autograd::pieces_of(pieces), input, weight, bias, running_mean, running_var, batch_stats, eps,
       act, act_param);
   return {r[0], r[1], r[2], r[3]};

@@ -162,7 +162,7 @@ bn_act_conv_autograd(
     at::IntArrayRef dilation, int64_t groups, bool epilogue, const OptTensor& bn_weight,
     const OptTensor& bn_bias, const OptTensor& running_mean, const OptTensor& running_var,
     bool batch_stats, double eps, c10::string_view act, double act_param) {
-  auto r = BnActConv::apply(
+  auto r = autograd::apply_dropping_marks<BnActConv>(
       at::TensorList(), input, in_weight, in_bias, in_running_mean, in_running_var, in_batch_stats,
       in_eps, in_act, in_act_param, weight, bias, stride, padding, dilation, groups, epilogue,
       bn_weight, bn_bias, running_mean, running_var, batch_stats, eps, act, act_param);
@@ -179,7 +179,7 @@ cat_bn_act_conv_autograd(
     const OptTensor& bn_weight, const OptTensor& bn_bias, const OptTensor& running_mean,
     const OptTensor& running_var, bool batch_stats, double eps, c10::string_view act,
     double act_param) {
-  auto r = BnActConv::apply(
+  auto r = autograd::apply_dropping_marks<BnActConv>(
       autograd::pieces_of(pieces), input, in_weight, in_bias, in_running_mean, in_running_var,
       in_batch_stats, in_eps, in_act, in_act_param, weight, bias, stride, padding, dilation, groups,
       epilogue, bn_weight, bn_bias, running_mean, running_var, batch_stats, eps, act, act_param);

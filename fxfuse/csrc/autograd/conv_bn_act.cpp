@@ -123,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_act_autograd(
     const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
     bool batch_stats, double eps, c10::string_view act, double act_param) {
-  auto r = ConvBnAct::apply(
+  auto r = autograd::apply_dropping_marks<ConvBnAct>(
       at::TensorList(), input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias,
       running_mean, running_var, batch_stats, eps, act, act_param);
   return {r[0], r[1], r[2], r[3]};
@@ -136,7 +136,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cat_conv_bn_act_autog
     const std::optional<at::Tensor>& bn_bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool batch_stats, double eps,
     c10::string_view act, double act_param) {
-  auto r = ConvBnAct::apply(
+  auto r = autograd::apply_dropping_marks<ConvBnAct>(
       autograd::pieces_of(pieces), input, weight, bias, stride, padding, dilation, groups,
       bn_weight, bn_bias, running_mean, running_var, batch_stats, eps, act, act_param);
   return {r[0], r[1], r[2], r[3]};

@@ -24,6 +24,7 @@
 #include <functional>
 #include <initializer_list>
 #include <optional>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -69,6 +70,19 @@ inline std::vector<bool> needed(AutogradContext* ctx, std::initializer_list<int>
     result.push_back(e >= 0 && ctx->needs_input_grad(static_cast<size_t>(e)));
   }
   return result;
+}
+
+// T::apply for a Function whose forward marks outputs non-differentiable. The marks are read
+// only while apply wraps the outputs; compiled autograd asserts a C++ Function's context holds
+// none (CppNode::compiled_args), so they are dropped once apply is done with them.
+template <class T, class... Args>
+variable_list apply_dropping_marks(Args&&... args) {
+  variable_list outputs = T::apply(std::forward<Args>(args)...);
+  if (auto* node = dynamic_cast<torch::autograd::CppNode<T>*>(outputs[0].grad_fn().get())) {
+    using Marks = std::unordered_set<at::TensorImpl*>;
+    const_cast<Marks&>(node->ctx_.get_non_differentiable()).clear();
+  }
+  return outputs;
 }
 
 // The signature of fxfuse::cat_<op>: <op>'s, `Fn`, with the pieces first.

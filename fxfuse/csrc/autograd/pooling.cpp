@@ -137,7 +137,8 @@ at::Tensor avg_pool2d_autograd(
 std::tuple<at::Tensor, at::Tensor> max_pool2d_autograd(
     const at::Tensor& input, at::IntArrayRef kernel_size, at::IntArrayRef stride,
     at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode) {
-  auto r = MaxPool2d::apply(input, kernel_size, stride, padding, dilation, ceil_mode);
+  auto r = autograd::apply_dropping_marks<MaxPool2d>(
+      input, kernel_size, stride, padding, dilation, ceil_mode);
   return {r[0], r[1]};
 }
 
