@@ -50,7 +50,7 @@ from torch.utils.module_tracker import ModuleTracker
 from .. import measure
 from ..ops import rebuild
 from ..ops.higher_order import transformed
-from . import graphs, layout, roots, tracing
+from . import graphs, layout, parametrized, roots, tracing
 from .apply import Applied, apply, apply_roots
 from .capture import Capture, call_pattern, capture
 from .plan import Findings, Options
@@ -406,8 +406,9 @@ def _build(
     """Capture `root` for its current training flags and a call `pattern` now, rewrite it with the state's
     plan and cache it (`_take`)."""
     pattern = call_pattern(root, example_inputs) if pattern is None else pattern
-    captured = capture(root, example_inputs, pattern)
-    graph, found = apply(root, captured, state.options)
+    with parametrized.kept(root):
+        captured = capture(root, example_inputs, pattern)
+        graph, found = apply(root, captured, state.options)
     return _take(root, state, captured, graph, found, example_inputs, pattern), captured
 
 

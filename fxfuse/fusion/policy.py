@@ -238,6 +238,7 @@ class _Prefixes:
         # The empty prefix is the pointwise-only selection _rebuild_entry counted: counted once.
         self._saved: dict[int, Optional[int]] = {} if base_bytes is None else {0: base_bytes}
         self._peaks: dict[int, int] = {}
+        self.left_out: dict[str, str] = {}  # region name -> why it cannot be one
 
     @classmethod
     def ranked(cls, upgrades: list[Candidate], pointwise: list[SiteData], counts: Counts, notes: list[str]):
@@ -247,7 +248,9 @@ class _Prefixes:
         entries = rank(upgrades, profile, rebuild_entry)
         order = [r.name for r in profile.regions] if profile else []
         selections = [select(entries[:k], pointwise, order) for k in range(len(entries) + 1)]
-        return cls(entries, selections, counts, notes, base_bytes)
+        prefixes = cls(entries, selections, counts, notes, base_bytes)
+        prefixes.left_out = dict(profile.problems) if profile else {}
+        return prefixes
 
     @property
     def last(self) -> int:
@@ -491,6 +494,8 @@ def _take(prefixes: _Prefixes, choice: Choice, k: int) -> None:
             choice.notes.append(wording.saved_beside(choice))
     if choice.met is False:
         choice.notes.append(wording.unreachable(choice, k, prefixes.last))
+        if prefixes.left_out:
+            choice.notes.append(wording.regions_left_out(prefixes.left_out))
     if choice.budget is not None and choice.peak_budget is None and choice.met:  # a shorter prefix may break a peak
         _say_cost(prefixes, choice, k)
 

@@ -206,6 +206,13 @@ def unreachable(choice: Choice, k: int, entries: int) -> str:
     )
 
 
+def regions_left_out(problems: dict[str, str], shown: int = 3) -> str:
+    """The regions the ranking could not offer, and why: the first `shown` of them."""
+    named = "; ".join(f"{name} ({why})" for name, why in list(problems.items())[:shown])
+    more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
+    return f"regions that cannot be recomputed: {named}{more}"
+
+
 def estimated_cost(
     choice: Choice,
     cost: float,

@@ -14,7 +14,7 @@ import torch.fx as fx
 from ... import ops
 from .. import runtime
 from . import estimates
-from .calls import ActivationUse, LayerCall, as_batch_norm, as_conv, bn_activation, conv_arguments
+from .calls import ActivationUse, LayerCall, as_batch_norm, as_conv, bn_activation, conv_arguments, conv_weight_shape
 from .context import PassContext
 from .driver import FusionPass, Site
 from .matchers import first_input, reads_only_metadata, site_name
@@ -109,20 +109,13 @@ def match(bn_node: fx.Node, ctx: PassContext) -> Optional[Site]:
         activation=act.activation.describe() if act else "none",
         op="fxfuse::conv_bn_act",
         saved_bytes=_saved_bytes(ctx, conv, bn, act),
-        recompute_flops=estimates.conv_flops(ctx.shapes, conv.node, _weight_shape(conv, ctx), 1),
+        recompute_flops=estimates.conv_flops(ctx.shapes, conv.node, conv_weight_shape(conv, ctx), 1),
         recompute_bytes=estimates.layer_moved(ctx.shapes, conv.node),
         reason=REASON,
     )
 
 
 PASS = FusionPass(match, modes=("memory",), recomputes=True)
-
-
-def _weight_shape(conv: LayerCall, ctx: PassContext):
-    if conv.module is not None:
-        return tuple(conv.module.weight.shape)
-    meta = ctx.shapes.get(conv.args["weight"])
-    return tuple(meta.shape) if meta is not None else None
 
 
 def _saved_bytes(ctx: PassContext, conv: LayerCall, bn: LayerCall, act: Optional[ActivationUse]):

@@ -43,7 +43,7 @@ def layer_module_problem(m: nn.Module, base: type, what: str, forward_ok: bool =
     """
     if type(m).forward is not base.forward and not forward_ok:
         return f"{type(m).__name__} overrides {base.__name__}.forward"
-    if isinstance(m.weight, nn.parameter.UninitializedParameter):
+    if isinstance(m._parameters.get("weight"), nn.parameter.UninitializedParameter):
         return f"Lazy{base.__name__} is not initialized yet (run one forward first)"
     return hooks_problem(m, what)
 
@@ -67,8 +67,8 @@ def bn_module_problem(m: nn.Module) -> Optional[str]:
         return norm_act_problem(m)
     if type(m).forward is not _BatchNorm.forward or type(m)._check_input_dim is not nn.BatchNorm2d._check_input_dim:
         return f"{type(m).__name__} overrides BatchNorm2d.forward"
-    if isinstance(m.weight, nn.parameter.UninitializedParameter) or isinstance(
-        m.running_mean, nn.parameter.UninitializedBuffer
+    if isinstance(m._parameters.get("weight"), nn.parameter.UninitializedParameter) or isinstance(
+        m._buffers.get("running_mean"), nn.parameter.UninitializedBuffer
     ):
         return "LazyBatchNorm2d is not initialized yet (run one forward first)"
     return hooks_problem(m, "BatchNorm")

@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 import torch.fx as fx
 from torch import nn
 
-from .. import runtime, user_checkpoint
+from .. import parametrized, runtime, user_checkpoint
 from ..graphs import compile_graph, provenance, subgraph
 from ..hooks import describe_hooks, has_hooks
 from ..passes.driver import SITE_META
@@ -253,6 +253,18 @@ def _region(name: str, kind: str, nodes: list[fx.Node], modules: dict[str, nn.Mo
     )
     if hooked is not None:
         region.problem = f"{hooked} has {describe_hooks(modules[hooked])}, which its recompute would run again"
+    stateful_weight = next(
+        (
+            f"{p}.{state}"
+            for path in region.modules
+            if path
+            for p, m in modules[path].named_modules(prefix=path)
+            if (state := parametrized.with_state(m))
+        ),
+        None,
+    )
+    if stateful_weight is not None:
+        region.problem = f"{stateful_weight}, which its recompute would read updated"
     return region
 
 
