@@ -15,8 +15,8 @@ import warnings
 import pytest
 import torch
 import torch._dynamo.utils
-import torch.nn.functional as F
 import torchvision
+from support.blocks import Block
 from support.config_flag_net import ConfigFlagNet
 from torch import nn
 
@@ -26,18 +26,6 @@ from fxfuse.ops import compiled
 from fxfuse.testing import assert_equivalent
 
 PARTITIONED = "aot_eager_decomp_partition"  # AOTAutograd + min-cut partitioner, no code generation
-
-
-class Block(nn.Module):
-    """A ResNet basic block: conv→BN→ReLU, conv→BN, + identity, ReLU (add_into, fused in place in eager)."""
-
-    def __init__(self, c: int) -> None:
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        return F.relu(self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))) + x)
 
 
 def small_net() -> nn.Module:

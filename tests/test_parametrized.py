@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from support.blocks import Block
 from torch import nn
 from torch.nn.utils import parametrizations, parametrize
 
@@ -49,20 +50,10 @@ def test_with_state_names_a_parametrization_with_buffers_only():
     assert parametrized.with_state(nn.Conv2d(3, 4, 3)) is None
 
 
-class _Block(nn.Module):
-    def __init__(self, c: int) -> None:
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
-
-
 def _net(parametrization):
     torch.manual_seed(0)
     net = nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), _Block(8), _Block(8), _Block(8)
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), Block(8), Block(8), Block(8)
     )
     for conv in (net[0], net[3].conv1, net[4].conv2):
         if parametrization == "spectral_norm":
@@ -108,7 +99,7 @@ def test_a_graph_built_at_call_time_leaves_spectral_norm_state_alone():
     eager, optimized = _net("spectral_norm"), fxfuse.optimize(_net("spectral_norm"))
     for net in (eager, optimized):
         torch.manual_seed(1)
-        net[5] = _Block(8)
+        net[5] = Block(8)
         parametrizations.spectral_norm(net[5].conv1)
     with torch.no_grad():
         torch.testing.assert_close(optimized(X), eager(X), rtol=0, atol=0)
