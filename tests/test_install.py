@@ -3,6 +3,7 @@
 import copy
 import pickle
 
+import pytest
 import torch
 from support.branching import Block, Holder, Untraceable
 from support.config_flag_net import ConfigFlagNet
@@ -181,3 +182,26 @@ def test_an_unchanged_tree_keeps_its_graphs():
     optimized[1].momentum = 0.2  # read at run time, not baked in
     optimized(x)
     assert state.graphs == graphs
+
+
+def test_torch_jit_script_compiles_the_original_forward_sharing_the_models_tensors():
+    """TorchScript cannot compile the generated forward: it scripts the original class, with a warning, and
+    the optimized model is left as it was (its submodule table included: torch.jit rewrites the one it
+    scripts)."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), Holder(Block()), Untraceable(), nn.Conv2d(4, 2, 1)
+    )
+    optimized = fxfuse.optimize(copy.deepcopy(eager))
+    children = dict(optimized._modules)
+    assert install.is_optimized(optimized[4].a)  # a root of its own: scripted as its original class too
+    with pytest.warns(UserWarning, match="torch.jit.script compiles Sequential's own forward, unfused"):
+        scripted = torch.jit.script(optimized)
+    assert install.is_optimized(optimized) and optimized._modules == children
+    assert all(a is b for a, b in zip(scripted.parameters(), optimized.parameters(), strict=True))
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(scripted(x), eager(x), rtol=0, atol=0)  # train: both update running stats
+    for a, b in zip(eager.buffers(), optimized.buffers(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+    scripted.eval(), eager.eval()
+    torch.testing.assert_close(scripted(x), eager(x), rtol=0, atol=0)

@@ -316,6 +316,22 @@ def _reduce_ex(self, protocol):
     return _rebuild, (plain, state.options, state.example)
 
 
+def _prepare_scriptable(self) -> nn.Module:
+    # torch.jit.script cannot compile the generated forward (*args, **kwargs, fx graphs): it scripts the
+    # module as its original class instead, sharing its parameters, buffers and submodules. The submodule
+    # table is a copy, since torch.jit puts each submodule's own prepared form into it.
+    original = type(self)._fxfuse_original_class
+    warnings.warn(
+        f"fxfuse: torch.jit.script compiles {original.__name__}'s own forward, unfused; torch.export and "
+        "torch.compile keep fxfuse's fused ops",
+        stacklevel=2,
+    )
+    plain = original.__new__(original)
+    plain.__dict__.update({k: v for k, v in self.__dict__.items() if k not in (_STATE, "fxfuse_report")})
+    plain.__dict__["_modules"] = dict(self._modules)
+    return plain
+
+
 def _deferred_again(plain: nn.Module, options: Options, at_first_call) -> nn.Module:
     defer(plain, options, at_first_call)
     return plain
@@ -339,6 +355,7 @@ def _fused_class(cls: type) -> type:
             {
                 "forward": _fused_forward,
                 "__reduce_ex__": _reduce_ex,
+                "__prepare_scriptable__": _prepare_scriptable,
                 "_fxfuse_original_class": cls,
                 "__module__": cls.__module__,
                 "__qualname__": cls.__qualname__,
