@@ -105,3 +105,15 @@ def test_a_graph_built_at_call_time_leaves_spectral_norm_state_alone():
         torch.testing.assert_close(optimized(X), eager(X), rtol=0, atol=0)
     for (k, a), b in zip(eager.state_dict().items(), optimized.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
+
+
+def test_keeping_runs_a_function_of_the_model_inside_kept():
+    conv = _spectral_conv()
+    u = conv.parametrizations.weight[0]._u.clone()
+
+    @parametrized.keeping
+    def read_weight(model, scale, *, offset):
+        return model.weight.sum() * scale + offset
+
+    assert read_weight(conv, 2.0, offset=1.0).isfinite()
+    assert torch.equal(conv.parametrizations.weight[0]._u, u)

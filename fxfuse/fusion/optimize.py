@@ -182,6 +182,7 @@ def _plan(model: nn.Module, inputs, mode: str, memory_budget, peak_budget, tree:
     return Options(mode, plan, memory_budget)
 
 
+@parametrized.keeping  # reading a parametrized weight may write its state
 def _optimized(
     model: nn.Module,
     example_inputs,
@@ -196,40 +197,39 @@ def _optimized(
 ) -> FusionReport:
     """`at_first_call`: where the model's capture needs its inputs' shapes and none were given, install it to
     be optimized at its first call (roots.py)."""
-    with parametrized.kept(model):  # reading a parametrized weight may write its state
-        inputs = _normalize_inputs(example_inputs)
-        chosen = layout.decide(model, inputs, memory_format)
-        if chosen.channels_last and inputs is not None:
-            inputs = layout.to_channels_last(inputs)
-        counted_under, precision = _precision(inputs, autocast)
-        layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
-        rates = None
-        if memory_budget is not None or peak_budget is not None:
-            rates = _time_model(inputs, counted_under, time_model_spec)
-        captures = Captures(counted_under)
-        shapes_needed = roots.needs_shapes(model, captures) if inputs is None else None
-        notes_first = []
-        if shapes_needed is not None:
-            if install and at_first_call:
-                return _defer(model, mode, memory_format, autocast, shapes_needed, layout_line)
-            captured_later = _FIRST_CALL.format(name=type(model).__name__, why=shapes_needed)
-            notes_first.append(f"{captured_later}; explain(model, example_inputs) shows what it fuses then")
-        tree = _roots(model, inputs, captures)  # roots
-        with time_model.using(rates):
-            options = _plan(model, inputs, mode, memory_budget, peak_budget, tree, counted_under)  # sites, plan
-        options = dataclasses.replace(options, channels_last=chosen.channels_last)
-        applied = apply.apply_roots(tree, options, installed=install)  # apply
-        later = install_roots(tree, applied, options, inputs) if install else {}  # install
-        found = applied.findings(tree, later)
-        if install and chosen.channels_last:
-            model.to(memory_format=torch.channels_last)
-        own_rates = rates is not None and rates.source != time_model.BUILTIN_SOURCE
-        notes = policy.device_notes(inputs, own_rates) if options.plan.choice is not None else []
-        report = render(options.mode, found, options.plan, layout_line, notes)
-        report.notes[:0] = notes_first
-        report.precision = precision
-        report.time_model = rates
-        return report
+    inputs = _normalize_inputs(example_inputs)
+    chosen = layout.decide(model, inputs, memory_format)
+    if chosen.channels_last and inputs is not None:
+        inputs = layout.to_channels_last(inputs)
+    counted_under, precision = _precision(inputs, autocast)
+    layout_line = f"{'channels_last' if chosen.channels_last else 'as given'} ({chosen.reason})"
+    rates = None
+    if memory_budget is not None or peak_budget is not None:
+        rates = _time_model(inputs, counted_under, time_model_spec)
+    captures = Captures(counted_under)
+    shapes_needed = roots.needs_shapes(model, captures) if inputs is None else None
+    notes_first = []
+    if shapes_needed is not None:
+        if install and at_first_call:
+            return _defer(model, mode, memory_format, autocast, shapes_needed, layout_line)
+        captured_later = _FIRST_CALL.format(name=type(model).__name__, why=shapes_needed)
+        notes_first.append(f"{captured_later}; explain(model, example_inputs) shows what it fuses then")
+    tree = _roots(model, inputs, captures)  # roots
+    with time_model.using(rates):
+        options = _plan(model, inputs, mode, memory_budget, peak_budget, tree, counted_under)  # sites, plan
+    options = dataclasses.replace(options, channels_last=chosen.channels_last)
+    applied = apply.apply_roots(tree, options, installed=install)  # apply
+    later = install_roots(tree, applied, options, inputs) if install else {}  # install
+    found = applied.findings(tree, later)
+    if install and chosen.channels_last:
+        model.to(memory_format=torch.channels_last)
+    own_rates = rates is not None and rates.source != time_model.BUILTIN_SOURCE
+    notes = policy.device_notes(inputs, own_rates) if options.plan.choice is not None else []
+    report = render(options.mode, found, options.plan, layout_line, notes)
+    report.notes[:0] = notes_first
+    report.precision = precision
+    report.time_model = rates
+    return report
 
 
 _FIRST_CALL = (

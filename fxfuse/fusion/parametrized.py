@@ -12,7 +12,8 @@ again (`with_state`): its recompute would start from the buffers the forward upd
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+import functools
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from torch.nn.utils import parametrize
 
 @contextlib.contextmanager
 def kept(model: nn.Module) -> Iterator[None]:
+    """Every tensor of `model`'s parametrizations as it was on entering, whatever ran inside."""
     owned = {}
     for m in model.modules():
         if parametrize.is_parametrized(m):
@@ -35,6 +37,17 @@ def kept(model: nn.Module) -> Iterator[None]:
             for t, version, saved in before:
                 if t._version != version:
                     t.copy_(saved)
+
+
+def keeping(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn(model, ...)`, run inside `kept(model)`."""
+
+    @functools.wraps(fn)
+    def run(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        with kept(model):
+            return fn(model, *args, **kwargs)
+
+    return run
 
 
 def with_state(m: nn.Module) -> Optional[str]:
