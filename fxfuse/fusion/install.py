@@ -305,11 +305,18 @@ def _note_call_time_build(module: nn.Module, state: _State) -> None:
             report.notes.append(line)
 
 
+def _as_original(module: nn.Module, leave_out: tuple[str, ...] = ()) -> nn.Module:
+    """A module of `module`'s original class sharing its attributes, fxfuse's state and `leave_out` left out."""
+    original = type(module)._fxfuse_original_class
+    plain = original.__new__(original)
+    plain.__dict__.update({k: v for k, v in module.__dict__.items() if k != _STATE and k not in leave_out})
+    return plain
+
+
 def _reduce_ex(self, protocol):
     # Generated classes and compiled graphs do not pickle: pickle (and deepcopy) the
     # module as its original class, and optimize it again when it is loaded.
-    plain = type(self)._fxfuse_original_class.__new__(type(self)._fxfuse_original_class)
-    plain.__dict__.update({k: v for k, v in self.__dict__.items() if k != _STATE})
+    plain = _as_original(self)
     state: _State = self.__dict__[_STATE]
     if state.deferred is not None:
         return _deferred_again, (plain, state.options, state.deferred)
@@ -320,14 +327,12 @@ def _prepare_scriptable(self) -> nn.Module:
     # torch.jit.script cannot compile the generated forward (*args, **kwargs, fx graphs): it scripts the
     # module as its original class instead, sharing its parameters, buffers and submodules. The submodule
     # table is a copy, since torch.jit puts each submodule's own prepared form into it.
-    original = type(self)._fxfuse_original_class
+    plain = _as_original(self, leave_out=("fxfuse_report",))
     warnings.warn(
-        f"fxfuse: torch.jit.script compiles {original.__name__}'s own forward, unfused; torch.export and "
+        f"fxfuse: torch.jit.script compiles {type(plain).__name__}'s own forward, unfused; torch.export and "
         "torch.compile keep fxfuse's fused ops",
         stacklevel=2,
     )
-    plain = original.__new__(original)
-    plain.__dict__.update({k: v for k, v in self.__dict__.items() if k not in (_STATE, "fxfuse_report")})
     plain.__dict__["_modules"] = dict(self._modules)
     return plain
 

@@ -231,14 +231,20 @@ class _Prefixes:
     """The ranking's prefixes and what each selects, each counted on the meta device at most once."""
 
     def __init__(
-        self, ranking: list[Entry], selections: list[Selection], counts: Counts, notes: list[str], base_bytes
+        self,
+        ranking: list[Entry],
+        selections: list[Selection],
+        counts: Counts,
+        notes: list[str],
+        base_bytes,
+        left_out: Optional[dict[str, str]] = None,
     ) -> None:
         self.ranking, self.selections, self.counts, self.notes = ranking, selections, counts, notes
         self.gains = [estimated_gain(s) for s in selections]
         # The empty prefix is the pointwise-only selection _rebuild_entry counted: counted once.
         self._saved: dict[int, Optional[int]] = {} if base_bytes is None else {0: base_bytes}
         self._peaks: dict[int, int] = {}
-        self.left_out: dict[str, str] = {}  # region name -> why it cannot be one
+        self.left_out = left_out or {}  # region name -> why it cannot be one
 
     @classmethod
     def ranked(cls, upgrades: list[Candidate], pointwise: list[SiteData], counts: Counts, notes: list[str]):
@@ -248,9 +254,7 @@ class _Prefixes:
         entries = rank(upgrades, profile, rebuild_entry)
         order = [r.name for r in profile.regions] if profile else []
         selections = [select(entries[:k], pointwise, order) for k in range(len(entries) + 1)]
-        prefixes = cls(entries, selections, counts, notes, base_bytes)
-        prefixes.left_out = dict(profile.problems) if profile else {}
-        return prefixes
+        return cls(entries, selections, counts, notes, base_bytes, profile.problems if profile else None)
 
     @property
     def last(self) -> int:

@@ -247,22 +247,11 @@ def _region(name: str, kind: str, nodes: list[fx.Node], modules: dict[str, nn.Mo
     if any(isinstance(n.target, user_checkpoint.CheckpointCall) for n in nodes):
         region.problem = user_checkpoint.WINS
     # (the root's own parameters are read, the root is not called: its hooks do not run in a region)
-    hooked = next(
-        (p for path in region.modules if path for p, m in modules[path].named_modules(prefix=path) if has_hooks(m)),
-        None,
-    )
+    called = [(p, m) for path in region.modules if path for p, m in modules[path].named_modules(prefix=path)]
+    hooked = next((p for p, m in called if has_hooks(m)), None)
     if hooked is not None:
         region.problem = f"{hooked} has {describe_hooks(modules[hooked])}, which its recompute would run again"
-    stateful_weight = next(
-        (
-            f"{p}.{state}"
-            for path in region.modules
-            if path
-            for p, m in modules[path].named_modules(prefix=path)
-            if (state := parametrized.with_state(m))
-        ),
-        None,
-    )
+    stateful_weight = next((f"{p}.{state}" for p, m in called if (state := parametrized.with_state(m))), None)
     if stateful_weight is not None:
         region.problem = f"{stateful_weight}, which its recompute would read updated"
     return region
